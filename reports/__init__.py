@@ -1,0 +1,1 @@
+"""Report rendering for the benchmark matrix (the pipeline's report stage)."""

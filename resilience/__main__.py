@@ -1,0 +1,69 @@
+"""``python -m resilience [hydra overrides]``: run one experiment and write ``result.json`` in its run directory.
+
+Exit status: 0 when the harness worked (whatever the injected fault did, "unrecovered" included), 1 when the
+harness itself failed, 2 for a configuration error (one line on stderr naming the setting).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from resilience.config import ConfigError, check_group_choices, resolve
+from resilience.events import EVENTS_FILE
+from resilience.fsio import atomic_write_bytes
+from resilience.result import summarize, write_result
+from resilience.supervisor import Supervisor, say
+
+log = logging.getLogger(__name__)
+
+
+def _fail_config(exc: ConfigError) -> None:
+    print(f"error: {exc}", file=sys.stderr)
+    sys.exit(2)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+    try:
+        cfg = resolve(cfg, run_dir, choices)
+        if (run_dir / EVENTS_FILE).exists():
+            raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({EVENTS_FILE}); choose a new directory")
+        ckpt = Path(cfg.checkpoint.dir)
+        if ckpt.exists() and any(ckpt.iterdir()):
+            raise ConfigError(f"checkpoint.dir={ckpt}: is not empty; a run starts from an empty directory")
+    except ConfigError as exc:
+        _fail_config(exc)
+    config_path = run_dir / "config.yaml"
+    atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg).encode())
+    detectors = [instantiate(d) for d in cfg.detectors.values()]
+    recovery = instantiate(cfg.recovery)
+    say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
+        f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
+    Supervisor(cfg, config_path, detectors, recovery.max_restarts).run()
+    result = write_result(run_dir)
+    print(summarize(result), flush=True)
+    if result["status"] == "error":
+        say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")
+        sys.exit(1)
+
+
+def cli() -> None:
+    try:
+        check_group_choices(sys.argv[1:])
+    except ConfigError as exc:
+        _fail_config(exc)
+    main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,114 @@
+"""Validation of an experiment's configuration, before any process starts.
+
+Every error names the setting and what is allowed, in one line; ``ConfigError`` is what the command line turns
+into that line (exit status 2, no traceback).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("workload", "strategy", "fault", "recovery", "detector")
+
+
+class ConfigError(ValueError):
+    """A setting has a value that is not allowed; the message names both."""
+
+
+def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """Reject ``strategy=nope`` with the list of options, before Hydra prints a multi-line error."""
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+    except Exception:
+        return  # a malformed override: Hydra reports it in its own words
+    for ov in overrides:
+        group = ov.key_or_group
+        if group not in GROUPS or ov.is_delete() or ov.package:
+            continue
+        allowed = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        value = ov.value()
+        chosen = value if isinstance(value, list) else [value]
+        for name in chosen:
+            if str(name) not in allowed:
+                raise ConfigError(f"{group}={name}: unknown {group}; allowed: {', '.join(allowed)}")
+
+
+def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
+    return value
+
+
+def _positive(cfg: DictConfig, key: str) -> float:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{key}={value}: must be a number > 0")
+    return float(value)
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
+    value = OmegaConf.select(cfg, key)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value}: must be one of {', '.join(allowed)}")
+    return value
+
+
+def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
+    """The fully resolved, validated configuration that the rank processes receive (``auto`` values filled in)."""
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    _integer(cfg, "seed", 0)
+    steps = _integer(cfg, "steps", 1)
+    world = _integer(cfg, "world_size", 1)
+    _integer(cfg, "log_every", 1)
+    for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
+                "supervisor.monitor_interval_s"):
+        _positive(cfg, key)
+    device = _choice(cfg, "device", ("auto", "cpu", "cuda"))
+    backend = _choice(cfg, "backend", ("auto", "gloo", "nccl"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu or device=auto")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ConfigError("backend=nccl: needs device=cuda; use backend=gloo on CPU")
+    threads = cfg.threads_per_rank
+    if threads == "auto":
+        threads = max(1, (os.cpu_count() or 1) // world)
+    with open_dict(cfg):
+        cfg.device, cfg.backend, cfg.threads_per_rank = device, backend, threads
+        cfg.run_dir = str(run_dir)
+        cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir or run_dir / "ckpt").resolve())
+        cfg.choices = choices
+    _integer(cfg, "threads_per_rank", 1)
+    _check_roles(cfg, steps, world)
+    return cfg
+
+
+def _check_roles(cfg: DictConfig, steps: int, world: int) -> None:
+    """Build every role once, so that each validates its own settings where it is built."""
+    try:
+        strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
+        injector = instantiate(cfg.fault)
+        injector.validate(world, steps, strategy.every if strategy.saves else None)
+        instantiate(cfg.workload, seed=cfg.seed)
+        instantiate(cfg.recovery)
+        for detector in cfg.detectors.values():
+            instantiate(detector)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    except Exception as exc:  # Hydra wraps constructor errors; unwrap to the one line that matters
+        cause = exc.__cause__ or exc
+        if isinstance(cause, ValueError):
+            raise ConfigError(str(cause)) from None
+        raise ConfigError(f"{type(cause).__name__}: {cause}") from None

@@ -1,0 +1,127 @@
+"""Per-strategy cost models fitted from measured runs (one row per run, as the benchmark runner reports them).
+
+Columns used (flattened names, as ``pandas.json_normalize`` writes nested results):
+
+============================== ======== ==========================================================
+column                         needed   use
+============================== ======== ==========================================================
+strategy                       yes      groups rows
+ckpt_bytes                     yes      total checkpoint bytes of the run
+ckpt_stall_s                   yes      training-visible stall per checkpoint -> ``stall``
+ckpt_durable_s                 no       checkpoint start -> durable -> ``durable`` (else = stall)
+recovery_breakdown_s.load      no       checkpoint load on recovery -> ``load``
+recovery_breakdown_s.restart   no       process restart on recovery -> ``restart`` (fixed only)
+detection_latency_s            no       crash detection latency -> detection of crash kinds
+ckpt_writers or world_size     no       ranks that wrote the checkpoint (bytes per writer); else 1
+============================== ======== ==========================================================
+
+A component whose column is missing (or all NaN for a strategy) keeps the scenario's default for that strategy;
+if the scenario has no such strategy either, a :class:`ConfigError` names the column. ``step_time_s`` and other
+columns are ignored here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from resilience.projection.cost_model import ComponentCost, StrategyCosts, fit_component
+from resilience.projection.validation import ConfigError
+
+REQUIRED_COLUMNS: tuple[str, ...] = ("strategy", "ckpt_bytes", "ckpt_stall_s")
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "durable": "ckpt_durable_s",
+    "load": "recovery_breakdown_s.load",
+    "restart": "recovery_breakdown_s.restart",
+}
+DETECTION_COLUMN = "detection_latency_s"
+WRITER_COLUMNS: tuple[str, ...] = ("ckpt_writers", "world_size")
+
+
+def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]) -> dict[str, StrategyCosts]:
+    """Fit a :class:`StrategyCosts` per strategy in ``measured``; strategies only in ``defaults`` are kept as is.
+
+    Strategies that never wrote a checkpoint (no row with ``ckpt_bytes > 0`` and a stall) are skipped with a
+    warning: without checkpoints every failure restarts from scratch, which the interval model does not cover.
+    """
+    if not isinstance(measured, pd.DataFrame):
+        raise ConfigError(f"measured={type(measured).__name__}: must be a pandas DataFrame")
+    for column in REQUIRED_COLUMNS:
+        if column not in measured.columns:
+            raise ConfigError(f"measured: column '{column}' missing (required: {', '.join(REQUIRED_COLUMNS)})")
+    writers = _writers(measured)
+    out = dict(defaults)
+    for name, rows in measured.groupby("strategy", sort=True):
+        name = str(name)
+        per_writer = pd.to_numeric(rows["ckpt_bytes"], errors="coerce") / writers.loc[rows.index]
+        fitted = _fit_one(name, rows, per_writer, defaults.get(name))
+        if fitted is None:
+            warnings.warn(f"measured: strategy '{name}' has no checkpoint samples; skipped", stacklevel=2)
+            continue
+        out[name] = fitted
+    return out
+
+
+def _writers(measured: pd.DataFrame) -> pd.Series:
+    for column in WRITER_COLUMNS:
+        if column in measured.columns:
+            w = pd.to_numeric(measured[column], errors="coerce").fillna(1.0)
+            if (w < 1).any():
+                raise ConfigError(f"measured: column '{column}' must be >= 1 in every row")
+            return w
+    return pd.Series(1.0, index=measured.index)
+
+
+def _samples(rows: pd.DataFrame, per_writer: pd.Series, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per writer, seconds) of rows where both are valid numbers."""
+    seconds = pd.to_numeric(rows[column], errors="coerce")
+    ok = per_writer.notna() & seconds.notna() & (per_writer >= 0) & (seconds >= 0)
+    return per_writer[ok].to_numpy(float), seconds[ok].to_numpy(float)
+
+
+def _fit_one(name: str, rows: pd.DataFrame, per_writer: pd.Series,
+             default: StrategyCosts | None) -> StrategyCosts | None:
+    x, stall_y = _samples(rows, per_writer, "ckpt_stall_s")
+    if not np.any(x > 0):
+        return None
+    durable_y = None
+    if OPTIONAL_COLUMNS["durable"] in rows.columns:
+        _, durable_y = _samples(rows, per_writer, OPTIONAL_COLUMNS["durable"])
+    # Where the default does not say, a stall that lasts as long as the save (synchronous) is storage-bound.
+    asynchronous = durable_y is not None and durable_y.size > 0 and \
+        float(np.median(durable_y)) > 1.1 * float(np.median(stall_y))
+    stall_bound = default.stall.storage_bound if default else not asynchronous
+    components: dict[str, ComponentCost] = {"stall": fit_component(x, stall_y, storage_bound=stall_bound)}
+    for component, column in OPTIONAL_COLUMNS.items():
+        bound = getattr(default, component).storage_bound if default else component != "restart"
+        cx, cy = _samples(rows, per_writer, column) if column in rows.columns else (np.empty(0), np.empty(0))
+        if cy.size:
+            # Restart time (process launch, communicator set-up) does not scale with checkpoint bytes.
+            components[component] = fit_component(cx, cy, storage_bound=bound, fixed_only=component == "restart")
+        elif default is not None:
+            components[component] = getattr(default, component)
+        elif component == "durable":
+            components[component] = components["stall"]  # nothing persists after the stall: synchronous
+        else:
+            raise ConfigError(f"measured: column '{column}' missing or empty for strategy '{name}', "
+                              f"and the scenario has no default strategy '{name}' to fall back on")
+    detection: tuple[float, ...] = default.detection_samples if default else ()
+    if DETECTION_COLUMN in rows.columns:
+        d = pd.to_numeric(rows[DETECTION_COLUMN], errors="coerce").dropna()
+        d = d[d >= 0]
+        if len(d):
+            detection = tuple(d.astype(float).tolist())
+    return StrategyCosts(name=name, detection_samples=detection,
+                         max_bytes_per_writer=default.max_bytes_per_writer if default else None,
+                         description=(default.description if default else "") + " (fitted from measured runs)",
+                         **components)
+
+
+def read_measured(path: str) -> pd.DataFrame:
+    """Load measured results from a CSV (flattened columns) or JSON-lines file of per-run results."""
+    if str(path).endswith((".jsonl", ".json")):
+        return pd.json_normalize(pd.read_json(path, lines=str(path).endswith(".jsonl")).to_dict("records"))
+    return pd.read_csv(path)

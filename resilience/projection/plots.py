@@ -1,0 +1,91 @@
+"""Figures of the projection, built from the tables in :mod:`resilience.projection.sweeps`.
+
+Every title starts with "projection:" so a figure can never be mistaken for a measurement.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display is needed (or available on a cluster node)
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def _palette(strategies: list[str]) -> dict[str, tuple[float, float, float]]:
+    """One fixed colour per strategy, shared by all figures of a run."""
+    return dict(zip(strategies, sns.color_palette("colorblind", len(strategies))))
+
+
+def goodput_vs_interval(sweep: pd.DataFrame, title: str) -> Figure:
+    """Goodput against checkpoint interval, one curve per strategy, the optimum of each marked and labelled."""
+    strategies = list(dict.fromkeys(sweep["strategy"]))
+    colors = _palette(strategies)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    sns.lineplot(data=sweep, x="interval_s", y="goodput", hue="strategy", palette=colors, ax=ax)
+    for name, best in sweep[sweep["is_optimum"]].groupby("strategy"):
+        row = best.iloc[0]
+        if np.isfinite(row["goodput"]):
+            ax.scatter(row["interval_s"], row["goodput"], color=colors[name], marker="*", s=160, zorder=5,
+                       edgecolor="black")
+            ax.annotate(f"{row['interval_s'] / 60:.1f} min\n{row['goodput']:.3f}",
+                        (row["interval_s"], row["goodput"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("checkpoint interval (s of compute between checkpoints)")
+    ax.set_ylabel("goodput (fraction of wall time)")
+    finite = sweep["goodput"][np.isfinite(sweep["goodput"])]
+    if len(finite):
+        ax.set_ylim(max(0.0, float(finite.max()) - 0.3), min(1.0, float(finite.max()) + 0.03))
+    ax.set_title(f"projection: goodput vs checkpoint interval (\u2605 optimum)\n{title}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def goodput_vs_cluster(sweep: pd.DataFrame, title: str, mc: pd.DataFrame | None = None) -> Figure:
+    """Goodput at each strategy's optimal interval against GPU count; Monte Carlo means as markers if given."""
+    strategies = list(dict.fromkeys(sweep["strategy"]))
+    colors = _palette(strategies)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    sns.lineplot(data=sweep, x="gpus", y="goodput", hue="strategy", palette=colors, marker="o", ax=ax)
+    if mc is not None and len(mc):
+        for name, rows in mc.groupby("strategy"):
+            ax.errorbar(rows["gpus"], rows["goodput_monte_carlo"], yerr=rows["goodput_monte_carlo_ci95"],
+                        fmt="x", color=colors.get(name, "black"), capsize=3, label=f"{name} (Monte Carlo)")
+        ax.legend(fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("goodput at the optimal interval")
+    ax.set_title(f"projection: goodput vs cluster size\n{title}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
+    """Which strategy gives the best goodput at each (GPU count, checkpoint size); cells show its goodput."""
+    strategies = list(dict.fromkeys(grid["strategy"]))
+    winners = grid[grid["winner"]]
+    code = {name: i for i, name in enumerate(strategies)}
+    index, columns = sorted(grid["ckpt_TB"].unique()), sorted(grid["gpus"].unique())
+    codes = winners.pivot(index="ckpt_TB", columns="gpus", values="strategy").reindex(index=index, columns=columns)
+    values = winners.pivot(index="ckpt_TB", columns="gpus", values="goodput").reindex(index=index, columns=columns)
+    numeric = codes.apply(lambda col: col.map(code)).astype(float)
+    text = np.where(codes.notna(), codes.fillna("").astype(str) + "\n" + values.map(lambda v: f"{v:.3f}"), "none")
+    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.6 * len(index) + 2.5))
+    colors = ListedColormap(list(_palette(strategies).values()))
+    sns.heatmap(numeric, annot=text, fmt="", cmap=colors, vmin=-0.5, vmax=len(strategies) - 0.5, cbar=False,
+                linewidths=0.5, annot_kws={"fontsize": 7}, ax=ax)
+    ax.invert_yaxis()  # small checkpoints at the bottom
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("checkpoint size (TB)")
+    ax.set_title(f"projection: best strategy (goodput at its optimal interval)\n{title}", fontsize=10)
+    return fig
+
+
+def close(fig: Figure) -> None:
+    """Free a figure's memory (pyplot keeps every open figure alive)."""
+    plt.close(fig)

@@ -1,0 +1,125 @@
+"""Tables of the projection (pandas DataFrames, each with ``label = "projection"``): the closed form evaluated
+over checkpoint intervals, cluster sizes and checkpoint sizes, and the per-strategy summary at the scenario.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from resilience.projection.cost_model import CostsAtScale
+from resilience.projection.goodput import goodput
+from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
+from resilience.projection.scenario import Scenario
+from resilience.projection.simulator import SimulationResult
+
+LABEL = "projection"
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class Point:
+    """One strategy at one (GPU count, checkpoint size): its costs, recovery mix and best interval."""
+
+    costs: CostsAtScale
+    mtbf_s: float
+    recovery_s: np.ndarray  # per recovery kind
+    shares: np.ndarray
+    interval_s: float  # exact optimum of the closed form
+
+    @property
+    def goodput(self) -> float:
+        if not self.costs.feasible:
+            return float("nan")
+        return self.goodput_at(self.interval_s)
+
+    def goodput_at(self, interval_s: float | np.ndarray) -> float | np.ndarray:
+        c = self.costs
+        return goodput(interval_s, self.mtbf_s, c.stall_s, c.lag_s, self.recovery_s, self.shares)
+
+    @property
+    def mean_recovery_s(self) -> float:
+        return float(np.dot(self.shares, self.recovery_s))
+
+
+def evaluate(scn: Scenario, strategy: str, gpus: int | None = None, ckpt_bytes: float | None = None) -> Point:
+    """The closed-form view of ``strategy`` at ``gpus`` GPUs (default: the scenario's) and ``ckpt_bytes``."""
+    costs = scn.costs_at(strategy, gpus, ckpt_bytes)
+    mtbf = scn.failure.job_mtbf_s(scn.gpus if gpus is None else gpus)
+    tau = optimal_interval(costs.stall_s, mtbf, costs.lag_s)
+    return Point(costs, mtbf, costs.recovery_s(scn.kinds), np.asarray(scn.failure.kind_shares), tau)
+
+
+def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = None) -> pd.DataFrame:
+    """Per strategy at the scenario's size: costs, Young/Daly/optimal interval, closed-form and Monte Carlo goodput."""
+    rows = []
+    for name in scn.strategies:
+        p = evaluate(scn, name)
+        c = p.costs
+        young, daly = young_interval(c.stall_s, p.mtbf_s), daly_interval(c.stall_s, p.mtbf_s)
+        sim = (mc or {}).get(name)
+        rows.append({
+            "label": LABEL, "scenario": scn.name, "strategy": name, "gpus": scn.gpus, "ckpt_TB": scn.ckpt_bytes / TB,
+            "job_mtbf_h": p.mtbf_s / 3600, "stall_s": c.stall_s, "durable_s": c.lag_s, "load_s": c.load_s,
+            "restart_s": c.restart_s, "mean_recovery_s": p.mean_recovery_s, "feasible": c.feasible,
+            "young_interval_s": young, "daly_interval_s": daly, "optimal_interval_s": p.interval_s,
+            "goodput_young": p.goodput_at(young) if c.feasible else np.nan,
+            "goodput_daly": p.goodput_at(daly) if c.feasible else np.nan,
+            "goodput_closed_form": p.goodput,
+            "goodput_monte_carlo": sim.mean if sim else np.nan,
+            "goodput_monte_carlo_ci95": sim.ci95 if sim else np.nan,
+            "monte_carlo_trials": sim.goodput.size if sim else 0,
+            "failure_distribution": scn.failure.distribution,
+        })
+    return pd.DataFrame(rows)
+
+
+def interval_sweep(scn: Scenario, points: int) -> pd.DataFrame:
+    """Goodput vs checkpoint interval per strategy, on a log grid spanning every strategy's optimum x/÷ 20."""
+    best = {name: evaluate(scn, name) for name in scn.strategies}
+    optima = [p.interval_s for p in best.values()]
+    grid = np.geomspace(max(min(optima) / 20.0, 1e-3), max(optima) * 20.0, points)
+    frames = []
+    for name, p in best.items():
+        taus = np.sort(np.append(grid, p.interval_s))  # the optimum itself is on the curve
+        g = p.goodput_at(taus) if p.costs.feasible else np.full(taus.shape, np.nan)
+        frames.append(pd.DataFrame({"label": LABEL, "scenario": scn.name, "strategy": name, "gpus": scn.gpus,
+                                    "interval_s": taus, "goodput": g, "is_optimum": taus == p.interval_s}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def cluster_sweep(scn: Scenario, sizes: tuple[int, ...]) -> pd.DataFrame:
+    """Goodput vs GPU count, each strategy at its own optimal interval (checkpoint size fixed)."""
+    rows = []
+    for gpus in sizes:
+        for name in scn.strategies:
+            p = evaluate(scn, name, gpus)
+            rows.append({"label": LABEL, "scenario": scn.name, "strategy": name, "gpus": gpus,
+                         "job_mtbf_h": p.mtbf_s / 3600, "stall_s": p.costs.stall_s, "durable_s": p.costs.lag_s,
+                         "mean_recovery_s": p.mean_recovery_s, "optimal_interval_s": p.interval_s,
+                         "feasible": p.costs.feasible, "goodput": p.goodput})
+    return pd.DataFrame(rows)
+
+
+def winner_grid(scn: Scenario, sizes: tuple[int, ...], ckpt_sizes_TB: tuple[float, ...]) -> pd.DataFrame:
+    """Best goodput per strategy over GPU count x checkpoint size; ``winner`` marks the best feasible one."""
+    rows = []
+    for gpus in sizes:
+        for tb in ckpt_sizes_TB:
+            cell = [(name, evaluate(scn, name, gpus, tb * TB)) for name in scn.strategies]
+            scores = np.asarray([p.goodput for _, p in cell])
+            win = int(np.nanargmax(scores)) if np.any(np.isfinite(scores)) else -1
+            for i, (name, p) in enumerate(cell):
+                rows.append({"label": LABEL, "scenario": scn.name, "gpus": gpus, "ckpt_TB": tb, "strategy": name,
+                             "optimal_interval_s": p.interval_s, "feasible": p.costs.feasible,
+                             "goodput": scores[i], "winner": i == win})
+    return pd.DataFrame(rows)
+
+
+def failure_mix(scn: Scenario) -> pd.DataFrame:
+    """The calibration table: each published root cause with its count, share and recovery kind."""
+    t = scn.table
+    return pd.DataFrame({"label": LABEL, "component": t.components, "category": t.categories, "count": t.counts,
+                         "share": np.asarray(t.counts) / t.total, "recovery_kind": scn.row_kinds})

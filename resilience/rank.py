@@ -1,0 +1,94 @@
+"""Entry point of one rank process: ``python -m resilience.rank RUN_DIR/config.yaml``.
+
+Started by the supervisor's elastic agent, or by ``torchrun`` across nodes; either way the rank's identity comes
+from the environment that torchelastic sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_RESTART_COUNT) and its configuration from the fully resolved YAML the supervisor wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from resilience.events import EventLog
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
+from resilience.trainer import Trainer
+
+
+def configure_determinism(device: torch.device, threads: int) -> None:
+    """Settings that make a step bit-reproducible on one machine (documented in the README)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS reductions
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)  # CPU kernels split work by thread count: keep it fixed per rank
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def redirect_output(run_dir: Path, rank: int, attempt: int) -> None:
+    """Send this rank's stderr (tracebacks, library warnings) to ``logs/rank<r>.log``; stdout stays on the console."""
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    fd = os.open(log_dir / f"rank{rank}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    print(f"=== rank {rank} attempt {attempt} pid {os.getpid()} ===", file=sys.stderr, flush=True)
+
+
+def run_rank(cfg: DictConfig) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    run_dir = Path(cfg.run_dir)
+    redirect_output(run_dir, rank, attempt)
+    device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    configure_determinism(device, int(cfg.threads_per_rank))
+
+    events = EventLog(run_dir, rank, attempt)
+    try:
+        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=float(cfg.timeouts.collective_s)))
+        events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
+        workload = instantiate(cfg.workload, seed=int(cfg.seed))
+        model = workload.build_model().to(device)
+        ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        state = TrainState(ddp, workload.build_optimizer(ddp))
+        strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
+        injector = instantiate(cfg.fault)
+        rt = RankRuntime(rank=rank, world_size=world, attempt=attempt, device=device, run_dir=run_dir,
+                         ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector)
+        injector.attach(rt)
+        strategy.attach(rt)
+        try:
+            Trainer(cfg, rt, workload, state, strategy).run()
+        finally:
+            strategy.close()
+        dist.destroy_process_group()
+    except Exception as exc:  # record why this rank stopped, then fail the process so the supervisor sees it
+        events.emit("rank_error", error=f"{type(exc).__name__}: {exc}"[:2000], fsync=True)
+        traceback.print_exc()
+        sys.exit(1)
+    finally:
+        events.close()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2:
+        sys.exit("usage: python -m resilience.rank RUN_DIR/config.yaml")
+    run_rank(OmegaConf.load(argv[1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

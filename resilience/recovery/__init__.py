@@ -1,0 +1,1 @@
+"""Recovery policies: what happens after a failure is detected."""

@@ -1,0 +1,32 @@
+"""What a rank process knows about itself, handed to every role (strategy, injector, detector) it hosts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from resilience.events import EventLog
+
+# A phase hook: (phase, step) -> None. The training loop and the strategies call it at each named point.
+PhaseHook = Callable[[str, int], None]
+
+
+def _no_hook(phase: str, step: int) -> None:
+    return None
+
+
+@dataclass
+class RankRuntime:
+    """The identity and services of one rank in one attempt."""
+
+    rank: int
+    world_size: int
+    attempt: int
+    device: torch.device
+    run_dir: Path
+    ckpt_dir: Path
+    events: EventLog
+    fault_hook: PhaseHook = field(default=_no_hook)

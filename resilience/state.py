@@ -1,0 +1,54 @@
+"""The training state that checkpoints hold and recoveries must restore bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+
+@dataclass
+class TrainState:
+    """Model and optimizer of one rank; the data position is the step alone, so nothing else is needed."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}`` keyed by fully qualified parameter names (loadable with plain DCP).
+
+        Only call this once the optimizer has state (after a step) or right before loading: on a fresh optimizer
+        PyTorch initialises the state with a zero-learning-rate step, which would advance Adam's step count.
+        """
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+def state_sha256(sd: dict[str, Any]) -> str:
+    """SHA-256 over every tensor (name, dtype, shape, bytes) and every scalar, in sorted-key order."""
+    h = hashlib.sha256()
+    for key, value in sorted(_flatten(sd)):
+        h.update(key.encode())
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(json.dumps(value, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return [kv for k, v in obj.items() for kv in _flatten(v, f"{prefix}{k}.")]
+    if isinstance(obj, (list, tuple)):
+        return [kv for i, v in enumerate(obj) for kv in _flatten(v, f"{prefix}{i}.")]
+    return [(prefix.rstrip("."), obj)]

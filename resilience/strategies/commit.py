@@ -1,0 +1,98 @@
+"""The on-disk layout of checkpoints and their atomic commit.
+
+``<ckpt_dir>/step_00000010/`` holds one checkpoint in DCP's format (``.metadata`` and ``*.distcp``). It counts
+only once ``COMMIT.json`` (step, file names and sizes) has been written, fsynced and renamed into place and the
+directory fsynced: a crash at any earlier point leaves a directory without a marker, which is never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from resilience.fsio import atomic_write_json, fsync_dir
+
+COMMIT_MARKER = "COMMIT.json"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    step: int
+    path: Path
+    committed: bool
+
+
+class CheckpointDir:
+    """Lists, commits and prunes the checkpoints under one directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path_for(self, step: int) -> Path:
+        return self.root / f"step_{step:08d}"
+
+    def entries(self) -> list[CheckpointEntry]:
+        """Every checkpoint directory, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for child in self.root.iterdir():
+            m = _STEP_DIR.match(child.name)
+            if m and child.is_dir():
+                found.append(CheckpointEntry(int(m.group(1)), child, (child / COMMIT_MARKER).is_file()))
+        return sorted(found, key=lambda e: e.step)
+
+    def newest_committed(self) -> CheckpointEntry | None:
+        committed = [e for e in self.entries() if e.committed]
+        return committed[-1] if committed else None
+
+    def incomplete_after(self, step: int) -> list[CheckpointEntry]:
+        """Uncommitted checkpoints newer than ``step``: saves that a crash interrupted."""
+        return [e for e in self.entries() if not e.committed and e.step > step]
+
+    def size(self, entry: CheckpointEntry) -> int:
+        """Bytes of a committed checkpoint's files, as its manifest lists them."""
+        manifest = json.loads((entry.path / COMMIT_MARKER).read_text())
+        return sum(manifest["files"].values())
+
+    def prepare(self, step: int) -> Path:
+        """An empty directory for ``step``; leftovers of an interrupted save of the same step are removed."""
+        path = self.path_for(step)
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        fsync_dir(self.root)
+        return path
+
+    def commit(self, step: int) -> int:
+        """Make the checkpoint of ``step`` durable and visible; return its size in bytes."""
+        path = self.path_for(step)
+        files = {f.name: f.stat().st_size for f in sorted(path.iterdir()) if f.is_file()}
+        for name in files:  # DCP fsyncs its data files; the metadata and the directory entries need it too
+            fd = os.open(path / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(path)
+        atomic_write_json(path / COMMIT_MARKER, {"step": step, "files": files})
+        return sum(files.values())
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` committed checkpoints, and uncommitted ones older than those."""
+        entries = self.entries()
+        committed = [e for e in entries if e.committed]
+        kept = committed[-keep:]
+        if not kept:
+            return []
+        doomed = [e for e in entries if e.step < kept[0].step or (not e.committed and e.step < kept[-1].step)]
+        for e in doomed:
+            shutil.rmtree(e.path, ignore_errors=True)
+        if doomed:
+            fsync_dir(self.root)
+        return [e.step for e in doomed]

@@ -1,0 +1,73 @@
+"""Synchronous checkpointing through ``torch.distributed.checkpoint`` (DCP): training waits until it is durable.
+
+This is what most training stacks do by default and the baseline of every comparison. Each rank writes its
+share of the (deduplicated) state, rank 0 writes DCP's metadata, then rank 0 commits (``commit.CheckpointDir``).
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+
+from resilience.runtime import PhaseHook
+from resilience.state import TrainState
+from resilience.strategies.base import CheckpointStrategy
+from resilience.strategies.commit import CheckpointDir
+
+
+class HookedWriter(FileSystemWriter):
+    """DCP's file writer, calling the ``during_checkpoint`` phase hook once this rank's shard is written.
+
+    At that point the shard is on disk but the checkpoint is not committed and peers may still be writing:
+    the moment a crash in the middle of a save is most likely to leave a half-written checkpoint behind.
+    """
+
+    def __init__(self, path, hook: PhaseHook, step: int) -> None:
+        super().__init__(path, sync_files=True)
+        self._hook, self._step = hook, step
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        future.wait()
+        self._hook("during_checkpoint", self._step)
+        return future
+
+
+class SyncCheckpoint(CheckpointStrategy):
+    name = "sync"
+
+    def attach(self, rt) -> None:
+        super().attach(rt)
+        self.dirs = CheckpointDir(rt.ckpt_dir)
+
+    def _save(self, step: int, state: TrainState) -> None:
+        rt = self.rt
+        if rt.rank == 0:
+            path = self.dirs.prepare(step)
+        dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
+        path = self.dirs.path_for(step)
+        dcp.save(state.state_dict(), storage_writer=HookedWriter(path, rt.fault_hook, step))
+        if rt.rank == 0:
+            nbytes = self.dirs.commit(step)
+            rt.events.emit("ckpt_durable", step=step, bytes=nbytes, path=str(path), fsync=True)
+            for pruned in self.dirs.prune(self.keep):
+                rt.events.emit("ckpt_pruned", step=pruned)
+        rt.events.emit("ckpt_stall_end", step=step)
+
+    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        # Rank 0 chooses and everyone follows: all ranks must restore the same step.
+        choice = [None]
+        if self.rt.rank == 0:
+            entry = self.dirs.newest_committed()
+            for bad in self.dirs.incomplete_after(entry.step if entry else -1):
+                self.rt.events.emit("ckpt_incomplete", step=bad.step, path=str(bad.path))
+            choice = [entry.step if entry else None]
+        dist.broadcast_object_list(choice, src=0)
+        if choice[0] is None:
+            return None
+        entry = next(e for e in self.dirs.entries() if e.step == choice[0] and e.committed)
+        sd = state.state_dict()
+        dcp.load(sd, storage_reader=FileSystemReader(entry.path))
+        state.load_state_dict(sd)
+        return entry.step, "disk", self.dirs.size(entry)

@@ -1,0 +1,86 @@
+"""The training loop: the only place that calls the roles, always in this order.
+
+One attempt on one rank:
+
+1. ``strategy.load`` restores the newest good checkpoint (or none: start at step 0);
+2. for each step from there:
+   ``fault_hook("before_forward")`` -> batch -> forward/backward (DDP all-reduces the gradients) ->
+   ``fault_hook("before_optimizer_step")`` -> optimizer step -> ``step_end`` event ->
+   ``strategy.save`` (which calls ``fault_hook("during_checkpoint")`` inside the write);
+3. ``strategy.wait`` until every save is durable, then the final state hash goes into ``run_end``.
+
+Positions ("step" in events and in ``fault.at_step``) count completed optimizer steps, so a checkpoint at step
+10 holds the state after 10 steps and a recovery from it replays from the 11th.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from omegaconf import DictConfig
+
+from resilience.events import read_events
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState, state_sha256
+from resilience.strategies.base import CheckpointStrategy
+from resilience.workloads.base import Workload, stream_seed
+
+
+class Trainer:
+    """Runs one attempt of training on one rank (see the module docstring for the order of calls)."""
+
+    def __init__(self, cfg: DictConfig, rt: RankRuntime, workload: Workload, state: TrainState,
+                 strategy: CheckpointStrategy) -> None:
+        self.cfg, self.rt, self.workload, self.state, self.strategy = cfg, rt, workload, state, strategy
+        self.steps = int(cfg.steps)
+        self.log_every = int(cfg.log_every)
+        # Where the previous attempt was hit: reaching it again marks the end of the recovery.
+        faults = [e["step"] for e in read_events(rt.run_dir) if e["kind"] == "fault_injected"]
+        self.resume_at = faults[-1] if faults and rt.attempt > 0 else None
+
+    def run(self) -> str:
+        """Train to ``steps``; return the SHA-256 of the final model and optimizer state."""
+        rt, ev = self.rt, self.rt.events
+        start = self.strategy.load(self.state)
+        ev.step = start
+        self._check_resumed(start)
+        last_t, last_step = time.monotonic(), start
+        for step in range(start, self.steps):
+            t0 = time.monotonic()
+            rt.fault_hook("before_forward", step)
+            loss = self._forward_backward(step)
+            rt.fault_hook("before_optimizer_step", step)
+            self.state.optimizer.step()
+            self.state.optimizer.zero_grad(set_to_none=True)
+            loss_value = loss.item()
+            ev.step = step + 1
+            ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)
+            self.strategy.save(step + 1, self.steps, self.state)
+            self._check_resumed(step + 1)
+            if rt.rank == 0 and ((step + 1) % self.log_every == 0 or step + 1 == self.steps):
+                now = time.monotonic()
+                rate = (step + 1 - last_step) / max(now - last_t, 1e-9)
+                print(f"[rank 0 attempt {rt.attempt}] step {step + 1}/{self.steps}  loss {loss_value:.4f}  "
+                      f"{rate:.1f} steps/s", flush=True)
+                last_t, last_step = now, step + 1
+        self.strategy.wait()
+        digest = state_sha256(self.state.state_dict())
+        ev.emit("run_end", step=self.steps, final_state_sha256=digest, fsync=True)
+        return digest
+
+    def _forward_backward(self, step: int) -> torch.Tensor:
+        # Re-seed the global generator from the step: anything stochastic replays identically after a restart.
+        torch.manual_seed(stream_seed(self.workload.seed, step, self.rt.rank, "rng"))
+        batch = self.workload.batch(step, self.rt.rank, self.rt.device)
+        loss = self.workload.loss(self.state.model, batch)
+        loss.backward()
+        return loss
+
+    def _check_resumed(self, position: int) -> None:
+        if self.resume_at is not None and position >= self.resume_at:
+            self.rt.events.emit("resumed", step=position, fault_step=self.resume_at)
+            if self.rt.rank == 0:
+                print(f"[rank 0 attempt {self.rt.attempt}] back at step {self.resume_at}, where the fault hit",
+                      flush=True)
+            self.resume_at = None

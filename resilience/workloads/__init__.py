@@ -1,0 +1,1 @@
+"""Workloads: a model, its optimizer and a deterministic data stream, behind ``Workload``."""

@@ -1,0 +1,40 @@
+"""The workload interface: everything the training loop needs to know about what it trains."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+
+def stream_seed(*parts: int | str) -> int:
+    """A 63-bit seed that is a pure function of ``parts`` (e.g. seed, step, rank), identical on every machine."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class Workload(ABC):
+    """A model, its optimizer and its data; the batch for (step, rank) is a pure function of (seed, step, rank)."""
+
+    name: str = "workload"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model; initialisation uses a private generator seeded from ``seed``."""
+
+    @abstractmethod
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer over ``model``'s parameters."""
+
+    @abstractmethod
+    def batch(self, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The batch that ``rank`` trains on at ``step``; the data-loader state is therefore the step alone."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The scalar training loss of ``model`` on ``batch``."""

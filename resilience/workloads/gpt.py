@@ -1,0 +1,108 @@
+"""A small decoder-only transformer trained with AdamW on a deterministic synthetic token stream."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from resilience.workloads.base import Workload, stream_seed
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: causal self-attention, then an MLP. No dropout: steps must be replayable."""
+
+    def __init__(self, d_model: int, n_head: int) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, d_model: int, n_layer: int, n_head: int, seq_len: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class GPTWorkload(Workload):
+    """Next-token prediction on a stream drawn from a seed-fixed Markov chain, so the loss really falls."""
+
+    def __init__(
+        self,
+        seed: int,
+        name: str = "gpt",
+        vocab: int = 256,
+        d_model: int = 128,
+        n_layer: int = 4,
+        n_head: int = 4,
+        seq_len: int = 64,
+        batch_size: int = 8,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        follow_prob: float = 0.8,
+    ) -> None:
+        super().__init__(seed)
+        for field, value in (("vocab", vocab), ("d_model", d_model), ("n_layer", n_layer), ("n_head", n_head),
+                             ("seq_len", seq_len), ("batch_size", batch_size)):
+            if int(value) < 1:
+                raise ValueError(f"workload.{field}={value}: must be an integer >= 1")
+        if d_model % n_head:
+            raise ValueError(f"workload.d_model={d_model}: must be divisible by workload.n_head={n_head}")
+        if not 0.0 <= follow_prob <= 1.0:
+            raise ValueError(f"workload.follow_prob={follow_prob}: must be in [0, 1]")
+        self.name = name
+        self.vocab, self.d_model, self.n_layer, self.n_head = vocab, d_model, n_layer, n_head
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.lr, self.weight_decay, self.follow_prob = lr, weight_decay, follow_prob
+        g = torch.Generator().manual_seed(stream_seed(seed, "chain"))
+        self._next = torch.randperm(vocab, generator=g)  # the chain the model can learn
+
+    def build_model(self) -> nn.Module:
+        # Initialise under a private seed and restore the global generator: the run's RNG stays untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(stream_seed(self.seed, "init"))
+            return GPT(self.vocab, self.d_model, self.n_layer, self.n_head, self.seq_len)
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        # foreach=False: the per-tensor loop is the reference implementation, identical on every device count.
+        return torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=self.weight_decay, foreach=False)
+
+    def batch(self, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(stream_seed(self.seed, step, rank))
+        n, t = self.batch_size, self.seq_len + 1
+        tokens = torch.empty(n, t, dtype=torch.long)
+        tokens[:, 0] = torch.randint(self.vocab, (n,), generator=g)
+        follow = torch.rand(n, t, generator=g) < self.follow_prob
+        noise = torch.randint(self.vocab, (n, t), generator=g)
+        for i in range(1, t):
+            tokens[:, i] = torch.where(follow[:, i], self._next[tokens[:, i - 1]], noise[:, i])
+        tokens = tokens.to(device)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x, y = batch
+        logits = model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
