@@ -1,0 +1,79 @@
+"""Configuration: the composed defaults, and one clear line for every bad value (no traceback)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import ROOT, run_cli
+from resilience.config import ConfigError, resolve
+
+CONTRACT_KEYS = ("seed", "steps", "world_size", "device", "backend", "checkpoint.every", "checkpoint.keep",
+                 "checkpoint.dir", "timeouts.collective_s", "timeouts.heartbeat_s", "fault.rank", "fault.at_step",
+                 "fault.phase")
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=False)
+
+
+def test_contract_keys_exist_for_every_fault():
+    for fault in ("none", "kill"):
+        cfg = composed(f"fault={fault}")
+        for key in CONTRACT_KEYS:
+            assert key.split(".")[0] in cfg, key
+            node = cfg
+            for part in key.split("."):
+                assert part in node, f"{key} missing with fault={fault}"
+                node = node[part]
+
+
+def test_resolve_fills_auto_values(tmp_path):
+    cfg = resolve(composed("world_size=2"), tmp_path, {"strategy": "sync"})
+    assert cfg.device == "cpu" and cfg.backend == "gloo"
+    assert cfg.threads_per_rank >= 1
+    assert Path(cfg.checkpoint.dir) == (tmp_path / "ckpt").resolve()
+    assert "${" not in str(cfg)  # fully resolved: rank processes have no Hydra context
+
+
+def test_resolve_rejects_during_checkpoint_without_checkpoints(tmp_path):
+    with pytest.raises(ConfigError, match="fault.phase=during_checkpoint"):
+        resolve(composed("strategy=none", "fault=kill", "fault.phase=during_checkpoint", "fault.at_step=10"),
+                tmp_path, {})
+
+
+BAD = [
+    (("strategy=nope",), "strategy=nope", "allowed: none, sync"),
+    (("steps=0",), "steps=0", ">= 1"),
+    (("world_size=0",), "world_size=0", ">= 1"),
+    (("fault=kill", "fault.at_step=500", "steps=30"), "fault.at_step=500", "[0, 29]"),
+    (("fault=kill", "fault.rank=5", "world_size=2"), "fault.rank=5", "[0, 1]"),
+    (("checkpoint.every=-1",), "checkpoint.every=-1", ">= 1"),
+    (("fault=kill", "fault.signal=SIGHUP"), "fault.signal=SIGHUP", "SIGKILL"),
+    (("backend=nccl", "device=cpu"), "backend=nccl", "device=cuda"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides,setting,allowed", BAD, ids=[b[1] for b in BAD])
+def test_bad_input_is_one_clear_line(tmp_path, overrides, setting, allowed):
+    done = run_cli(*overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=100)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert setting in lines[0] and allowed in lines[0]
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "run" / "events.jsonl").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_used_run_directory_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "events.jsonl").write_text("{}\n")
+    done = run_cli(f"hydra.run.dir={run_dir}", timeout=100)
+    assert done.returncode == 2 and "already holds a run" in done.stderr
+    assert (run_dir / "events.jsonl").read_text() == "{}\n"  # nothing lost
