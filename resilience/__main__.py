@@ -45,6 +45,9 @@ def main(cfg: DictConfig) -> None:
         _fail_config(exc)
     config_path = run_dir / "config.yaml"
     atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg).encode())
+    if cfg.supervisor.launcher == "external":
+        print(torchrun_command(cfg, config_path, recovery_budget=instantiate(cfg.recovery).max_restarts))
+        return
     detectors = [instantiate(d) for d in cfg.detectors.values()]
     recovery = instantiate(cfg.recovery)
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
@@ -55,6 +58,17 @@ def main(cfg: DictConfig) -> None:
     if result["status"] == "error":
         say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")
         sys.exit(1)
+
+
+def torchrun_command(cfg: DictConfig, config_path: Path, recovery_budget: int) -> str:
+    """How to run the prepared experiment across nodes with torchrun (the run directory must be shared)."""
+    return (
+        f"Prepared {config_path}. On each of N nodes (the run directory must be on a shared file system), run:\n\n"
+        f"  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=N --nproc-per-node=P --rdzv-backend=c10d \\\n"
+        f"      --rdzv-endpoint=HOST:29400 --rdzv-id=JOB_ID --max-restarts={recovery_budget} \\\n"
+        f"      -m resilience.rank {config_path}\n\n"
+        f"with N x P = world_size = {cfg.world_size}. Afterwards: python -m resilience.result {config_path.parent}"
+    )
 
 
 def cli() -> None:

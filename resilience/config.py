@@ -72,6 +72,7 @@ def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConf
     for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
                 "supervisor.monitor_interval_s"):
         _positive(cfg, key)
+    _choice(cfg, "supervisor.launcher", ("local", "external"))
     device = _choice(cfg, "device", ("auto", "cpu", "cuda"))
     backend = _choice(cfg, "backend", ("auto", "gloo", "nccl"))
     if device == "auto":

@@ -32,12 +32,15 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     """The result of one run; ``run`` carries identity fields (strategy, fault, workload, seed, world_size, steps)."""
     sup = [e for e in events if e["rank"] is None]
     rank0 = [e for e in events if e["rank"] == 0]
-    launch, end = _first(sup, "launch"), _first(sup, "supervisor_end")
     final_attempt = max((e["attempt"] for e in events if e["rank"] is not None), default=0)
     run_ends = [e for e in events if e["kind"] == "run_end" and e["attempt"] == final_attempt]
     fault = _first(events, "fault_injected")
+    launch, end = _first(sup, "launch"), _first(sup, "supervisor_end")
+    if launch is None and events:  # launched by torchrun: no supervisor events, the ranks' own span
+        launch, end = events[0], {**events[-1], "outcome": "succeeded" if run_ends else "failed"}
 
-    if end and end["outcome"] == "succeeded" and len(run_ends) == run["world_size"]:
+    complete = len(run_ends) == run["world_size"]
+    if end and end["outcome"] == "succeeded" and complete:
         status = "ok"
     elif end and end["outcome"] == "failed" and fault:
         status = "unrecovered"
@@ -91,10 +94,11 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
     resumed = _first(later, "resumed")
     if resumed is None or status != "ok":
         return out
-    t_detect = detection["t_mono"] if detection else start["t_mono"]
+    # Without a detection event (torchrun supervised the run) the restart segment starts at the fault.
+    t_detect = detection["t_mono"] if detection else t0
     t_loaded = loaded["t_mono"] if loaded else start["t_mono"]
     out.update(recovered=True, recovery_time_s=resumed["t_mono"] - t0, recovery_breakdown_s={
-        "detect": t_detect - t0,
+        "detect": t_detect - t0 if detection else None,
         "restart": start["t_mono"] - t_detect,
         "load": t_loaded - start["t_mono"],
         "replay": resumed["t_mono"] - t_loaded,

@@ -46,6 +46,17 @@ def redirect_output(run_dir: Path, rank: int, attempt: int) -> None:
     print(f"=== rank {rank} attempt {attempt} pid {os.getpid()} ===", file=sys.stderr, flush=True)
 
 
+def agreed_attempt(local: int, device: torch.device) -> int:
+    """The attempt number all ranks agree on: the highest local restart count.
+
+    Under torchrun each node's agent counts its own restarts, and a node restarted because a peer node joined a
+    new rendezvous round does not count one (pytorch/pytorch#135712); the maximum is the group's true attempt.
+    """
+    t = torch.tensor([local], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def run_rank(cfg: DictConfig) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -60,6 +71,7 @@ def run_rank(cfg: DictConfig) -> None:
     events = EventLog(run_dir, rank, attempt)
     try:
         dist.init_process_group(cfg.backend, timeout=timedelta(seconds=float(cfg.timeouts.collective_s)))
+        attempt = events.attempt = agreed_attempt(attempt, device)
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
         workload = instantiate(cfg.workload, seed=int(cfg.seed))
         model = workload.build_model().to(device)

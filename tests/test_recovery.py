@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
 import pytest
 
-from conftest import run_experiment
+from conftest import ROOT, processes_mentioning, run_cli, run_experiment
 
 COMMON = ("steps=30", "checkpoint.every=5", "world_size=2", "seed=0")
 
@@ -54,3 +61,34 @@ def test_restart_budget_exhausted_is_unrecovered_not_a_crash(tmp_path):
     assert result["status"] == "unrecovered"
     assert result["detected"] and not result["recovered"]
     assert result["final_state_sha256"] is None
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_two_nodes_recover_bit_exact(tmp_path, reference):
+    """The multi-node path: two torchrun agents (as on two hosts) run the prepared config; rank 1 is killed."""
+    run_dir = tmp_path / "run"
+    done = run_cli("supervisor.launcher=external", "strategy=sync", "fault=kill", "fault.rank=1",
+                   "fault.at_step=12", *COMMON, f"hydra.run.dir={run_dir}", timeout=100)
+    assert done.returncode == 0 and "torchrun" in done.stdout
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=localhost:{port}", "--rdzv-id=test", "--max-restarts=2",
+           "-m", "resilience.rank", str(run_dir / "config.yaml")]
+    agents = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True) for _ in range(2)]
+    try:
+        assert [a.wait(timeout=180) for a in agents] == [0, 0]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, signal.SIGKILL)
+    assert processes_mentioning(str(run_dir)) == []
+    result = subprocess.run([sys.executable, "-m", "resilience.result", str(run_dir)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    r = json.loads((run_dir / "result.json").read_text())
+    assert r["status"] == "ok" and r["recovered"] and r["lost_steps"] == 2
+    assert r["final_state_sha256"] == reference["final_state_sha256"]

@@ -82,11 +82,14 @@ class FailureTable:
         """
         kinds = []
         for component, category in zip(self.components, self.categories):
-            kind = by_component.get(component, by_category.get(category))
-            if kind is None:
+            if component in by_component:
+                kind, source = by_component[component], f"{field}.kind_by_component.{component}"
+            elif category in by_category:
+                kind, source = by_category[category], f"{field}.kind_by_category.{category}"
+            else:
                 raise ConfigError(f"{field}: no recovery kind for component '{component}' (category '{category}'); "
                                   f"add it to kind_by_component or kind_by_category")
-            kinds.append(as_choice(kind, f"{field}.kind_by_* ('{component}')", RECOVERY_KINDS))
+            kinds.append(as_choice(kind, source, RECOVERY_KINDS))
         return tuple(kinds)
 
     def kind_counts(self, row_kinds: tuple[str, ...]) -> dict[str, int]:

@@ -22,7 +22,7 @@ columns are ignored here.
 
 from __future__ import annotations
 
-import warnings
+import logging
 from typing import Mapping
 
 import numpy as np
@@ -30,6 +30,8 @@ import pandas as pd
 
 from resilience.projection.cost_model import ComponentCost, StrategyCosts, fit_component
 from resilience.projection.validation import ConfigError
+
+log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("strategy", "ckpt_bytes", "ckpt_stall_s")
 OPTIONAL_COLUMNS: dict[str, str] = {
@@ -45,7 +47,7 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
     """Fit a :class:`StrategyCosts` per strategy in ``measured``; strategies only in ``defaults`` are kept as is.
 
     Strategies that never wrote a checkpoint (no row with ``ckpt_bytes > 0`` and a stall) are skipped with a
-    warning: without checkpoints every failure restarts from scratch, which the interval model does not cover.
+    logged warning: without checkpoints every failure restarts from scratch, which the interval model does not cover.
     """
     if not isinstance(measured, pd.DataFrame):
         raise ConfigError(f"measured={type(measured).__name__}: must be a pandas DataFrame")
@@ -59,7 +61,7 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
         per_writer = pd.to_numeric(rows["ckpt_bytes"], errors="coerce") / writers.loc[rows.index]
         fitted = _fit_one(name, rows, per_writer, defaults.get(name))
         if fitted is None:
-            warnings.warn(f"measured: strategy '{name}' has no checkpoint samples; skipped", stacklevel=2)
+            log.warning("measured: strategy '%s' has no checkpoint samples; skipped", name)
             continue
         out[name] = fitted
     return out

@@ -27,14 +27,18 @@ def goodput_vs_interval(sweep: pd.DataFrame, title: str) -> Figure:
     strategies = list(dict.fromkeys(sweep["strategy"]))
     colors = _palette(strategies)
     fig, ax = plt.subplots(figsize=(8, 5))
-    sns.lineplot(data=sweep, x="interval_s", y="goodput", hue="strategy", palette=colors, ax=ax)
-    for name, best in sweep[sweep["is_optimum"]].groupby("strategy"):
+    labels = {}
+    for name, best in sweep[sweep["is_optimum"]].groupby("strategy", sort=False):
         row = best.iloc[0]
+        labels[name] = name
         if np.isfinite(row["goodput"]):
             ax.scatter(row["interval_s"], row["goodput"], color=colors[name], marker="*", s=160, zorder=5,
                        edgecolor="black")
-            ax.annotate(f"{row['interval_s'] / 60:.1f} min\n{row['goodput']:.3f}",
-                        (row["interval_s"], row["goodput"]), textcoords="offset points", xytext=(6, 6), fontsize=8)
+            # In the legend rather than next to the star: strategies with the same stall share an optimum.
+            labels[name] = f"{name}: optimum {row['interval_s'] / 60:.1f} min, goodput {row['goodput']:.3f}"
+    for name, rows in sweep.groupby("strategy", sort=False):
+        ax.plot(rows["interval_s"], rows["goodput"], color=colors[name], label=labels.get(name, name))
+    ax.legend(fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (s of compute between checkpoints)")
     ax.set_ylabel("goodput (fraction of wall time)")
@@ -74,15 +78,24 @@ def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
     codes = winners.pivot(index="ckpt_TB", columns="gpus", values="strategy").reindex(index=index, columns=columns)
     values = winners.pivot(index="ckpt_TB", columns="gpus", values="goodput").reindex(index=index, columns=columns)
     numeric = codes.apply(lambda col: col.map(code)).astype(float)
-    text = np.where(codes.notna(), codes.fillna("").astype(str) + "\n" + values.map(lambda v: f"{v:.3f}"), "none")
-    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.6 * len(index) + 2.5))
+    # Margin over the best other feasible strategy: how much the choice matters in that cell.
+    second = grid[~grid["winner"]].groupby(["ckpt_TB", "gpus"])["goodput"].max()
+    margin = (values.stack() - second.reindex(values.stack().index)).unstack().reindex(index=index, columns=columns)
+    text = np.empty(codes.shape, dtype=object)
+    for i in range(codes.shape[0]):
+        for j in range(codes.shape[1]):
+            name, v, d = codes.iat[i, j], values.iat[i, j], margin.iat[i, j]
+            text[i, j] = "none\nfeasible" if pd.isna(name) else \
+                f"{name}\n{v:.3f}" + (f"\n(+{d:.3f})" if np.isfinite(d) else "")
+    fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.75 * len(index) + 2.5))
     colors = ListedColormap(list(_palette(strategies).values()))
     sns.heatmap(numeric, annot=text, fmt="", cmap=colors, vmin=-0.5, vmax=len(strategies) - 0.5, cbar=False,
                 linewidths=0.5, annot_kws={"fontsize": 7}, ax=ax)
     ax.invert_yaxis()  # small checkpoints at the bottom
     ax.set_xlabel("GPUs")
     ax.set_ylabel("checkpoint size (TB)")
-    ax.set_title(f"projection: best strategy (goodput at its optimal interval)\n{title}", fontsize=10)
+    ax.set_title(f"projection: best strategy, its goodput at its optimal interval (+ lead over the next)\n{title}",
+                 fontsize=10)
     return fig
 
 

@@ -8,6 +8,9 @@ from typing import Any, Mapping, Sequence
 
 from resilience.projection.validation import as_bool, as_float, as_int, fail, require_keys
 
+#: The repository's top-level ``conf/`` directory (found from this file, so no machine-specific path is stored).
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
 
 @dataclass(frozen=True)
 class Settings:
