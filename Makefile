@@ -3,6 +3,7 @@
 #   make test   the test suite (what CI runs, through .ci/run)
 PYTHON ?= python3
 VENV   ?= .venv
+TORCH_INDEX ?=   # optional: a CPU-only torch wheel index, used before everything else is installed
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
@@ -14,6 +15,7 @@ venv: $(STAMP)
 # the CPU build when one is offered; see README "Set-up".
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(if $(strip $(TORCH_INDEX)),$(PY) -m pip install --quiet torch==2.13.0 --index-url $(strip $(TORCH_INDEX)))
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

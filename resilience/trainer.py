@@ -15,6 +15,7 @@ Positions ("step" in events and in ``fault.at_step``) count completed optimizer 
 
 from __future__ import annotations
 
+import resource
 import time
 
 import torch
@@ -66,7 +67,8 @@ class Trainer:
                 last_t, last_step = now, step + 1
         self.strategy.wait()
         digest = state_sha256(self.state.state_dict())
-        ev.emit("run_end", step=self.steps, final_state_sha256=digest, fsync=True)
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
         return digest
 
     def _forward_backward(self, step: int) -> torch.Tensor:
