@@ -1,18 +1,24 @@
 """The injector interface and the trigger that every fault shares.
 
-A fault fires at a planned (rank, step, phase), the same plan on every rank, computed without communication.
-Its ``fault_injected`` record is written and fsynced *before* the destructive action (a SIGKILLed process
-cannot log afterwards), and the record is also what makes a fault fire only once per run: restarted ranks
-pass the same step again, find the record in the event log, and do not fire.
+A fault fires at planned (rank, step, phase) points, the same plan on every rank, computed from the fault's seed
+without communication and without touching the global torch, numpy or random generators. Its ``fault_injected``
+record is written and fsynced *before* the destructive action (a SIGKILLed process cannot log afterwards), and
+the records are also what make each planned point fire only once per run: restarted ranks pass the same steps
+again, find the records in the event log, and do not fire again.
+
+Lifecycle on a rank: ``attach(rt)`` (identity, event log) -> ``arm(state)`` (hooks into the model, if any) ->
+``__call__(phase, step)`` at every phase of every step -> ``cleanup()`` when the rank leaves, also on a crash.
 """
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from typing import Any
 
 from resilience.events import read_events
 from resilience.runtime import RankRuntime
+from resilience.workloads.base import stream_seed
 
 PHASES = ("before_forward", "before_optimizer_step", "during_checkpoint")
 
@@ -25,18 +31,28 @@ def require_int(key: str, value: Any, minimum: int) -> int:
 
 
 class Injector(ABC):
-    """Fires one fault on rank ``rank`` when training reaches ``at_step`` at ``phase``."""
+    """Fires on rank ``rank`` when training reaches ``at_step`` at ``phase``.
+
+    With ``probability`` set, every step from ``at_step`` on is a candidate that fires with that probability
+    (drawn from ``seed``), up to ``count`` times in all: faults at a known rate.
+    """
 
     name: str = "base"
 
-    def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward") -> None:
+    def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward",
+                 probability: float | None = None, count: int = 1, seed: int = 0) -> None:
         if phase not in PHASES:
             raise ValueError(f"fault.phase={phase}: must be one of {', '.join(PHASES)}")
         self.rank = require_int("fault.rank", rank, 0)
         self.at_step = require_int("fault.at_step", at_step, 0)
-        self.phase = phase
+        self.count = require_int("fault.count", count, 1)
+        self.seed = require_int("fault.seed", seed, 0)
+        if probability is not None and not (isinstance(probability, (int, float)) and 0 < probability <= 1):
+            raise ValueError(f"fault.probability={probability}: must be a number in (0, 1], or null")
+        self.phase, self.probability = phase, probability
+        self.plan: list[int] = [self.at_step]
         self.rt: RankRuntime | None = None
-        self.fired = False
+        self.fired: set[int] = set()
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         """Check the plan against the run (``ckpt_every`` is None when the strategy never checkpoints)."""
@@ -51,26 +67,56 @@ class Injector(ABC):
                                  f"checkpoint step (a multiple of checkpoint.every={ckpt_every} below steps={steps})")
         elif self.at_step >= steps:
             raise ValueError(f"fault.at_step={self.at_step}: must be in [0, {steps - 1}] for steps={steps}")
+        self.plan = self._make_plan(steps, ckpt_every)
+
+    def _make_plan(self, steps: int, ckpt_every: int | None) -> list[int]:
+        """The steps at which this fault fires; a pure function of the settings and the seed."""
+        if self.probability is None:
+            return [self.at_step]
+        rng = random.Random(stream_seed(self.seed, self.name, "plan"))  # private: the run's RNGs stay untouched
+        candidates = range(self.at_step, steps)
+        if self.phase == "during_checkpoint":
+            candidates = [s for s in candidates if ckpt_every and s % ckpt_every == 0]
+        return [s for s in candidates if rng.random() < self.probability][: self.count]
+
+    def targets(self) -> set[int]:
+        """The ranks this fault acts on."""
+        return {self.rank}
 
     def attach(self, rt: RankRuntime) -> None:
-        """Bind to a rank; a fault already recorded in this run's event log never fires again."""
+        """Bind to a rank; points already recorded in this run's event log never fire again."""
         self.rt = rt
-        self.fired = any(e["kind"] == "fault_injected" for e in read_events(rt.run_dir))
+        self.fired = {e.get("plan_index", 0) for e in read_events(rt.run_dir)
+                      if e["kind"] == "fault_injected" and e.get("fault") == self.name}
+        self._steps = {step: i for i, step in enumerate(self.plan)}
+        self._mine = rt.rank in self.targets()
+
+    def arm(self, state: Any) -> None:
+        """Install hooks into the training state (model, optimizer) if the fault needs them."""
+
+    def cleanup(self) -> None:
+        """Undo whatever the injector set up; called when the rank leaves, also after an exception."""
 
     def __call__(self, phase: str, step: int) -> None:
-        """The phase hook: cheap when it does not fire (three comparisons)."""
-        if self.fired or step != self.at_step or phase != self.phase or self.rt.rank != self.rank:
+        """The phase hook: a few comparisons when it does not fire."""
+        if phase != self.phase or not self._mine or step not in self._steps:
             return
-        self.fired = True
-        detail = self._plan(step)
-        self.rt.events.emit("fault_injected", step=step, fault=self.name, phase=phase, target_rank=self.rank,
-                            fsync=True, **detail)
-        self._act()
+        index = self._steps[step]
+        if index in self.fired:
+            return
+        self.fired.add(index)
+        self.record(step, index, self._plan_detail(step))
+        self._act(step)
+
+    def record(self, step: int, index: int, detail: dict[str, Any]) -> None:
+        """Write and fsync the ground-truth record of one firing, before its action."""
+        self.rt.events.emit("fault_injected", step=step, fault=self.name, phase=self.phase, plan_index=index,
+                            target_rank=self.rank, seed=self.seed, fsync=True, **detail)
 
     @abstractmethod
-    def _plan(self, step: int) -> dict[str, Any]:
+    def _plan_detail(self, step: int) -> dict[str, Any]:
         """Everything needed to reproduce the fault, for its record."""
 
     @abstractmethod
-    def _act(self) -> None:
+    def _act(self, step: int) -> None:
         """The destructive action itself."""

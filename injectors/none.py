@@ -13,8 +13,8 @@ class NoFault(Injector):
     def __call__(self, phase: str, step: int) -> None:
         return None
 
-    def _plan(self, step: int) -> dict[str, Any]:
+    def _plan_detail(self, step: int) -> dict[str, Any]:
         raise AssertionError("NoFault never fires")
 
-    def _act(self) -> None:
+    def _act(self, step: int) -> None:
         raise AssertionError("NoFault never fires")

@@ -79,14 +79,17 @@ def run_rank(cfg: DictConfig) -> None:
         state = TrainState(ddp, workload.build_optimizer(ddp))
         strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         injector = instantiate(cfg.fault)
+        injector.validate(world, int(cfg.steps), strategy.every if strategy.saves else None)
         rt = RankRuntime(rank=rank, world_size=world, attempt=attempt, device=device, run_dir=run_dir,
                          ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector)
         injector.attach(rt)
+        injector.arm(state)
         strategy.attach(rt)
         try:
             Trainer(cfg, rt, workload, state, strategy).run()
         finally:
             strategy.close()
+            injector.cleanup()
         dist.destroy_process_group()
     except Exception as exc:  # record why this rank stopped, then fail the process so the supervisor sees it
         events.emit("rank_error", error=f"{type(exc).__name__}: {exc}"[:2000], fsync=True)

@@ -54,7 +54,7 @@ def summarize(r: dict[str, Any]) -> str:
              f"{r['steps_completed']}/{r['steps']} steps, {r['attempts']} attempt(s))"]
     if r["fault_injected"]:
         b = r["recovery_breakdown_s"]
-        if not r["detected"]:
+        if not r.get("supervised", True):
             lines.append("  (no detection events: the run was not supervised by this command)")
         lines.append(f"  fault at step {r['fault_step']} on rank {r['fault_rank']}: detected={r['detected']} by "
                      f"{r['detector']} (blamed rank {r['detected_rank']}) after {_fmt(r['detection_latency_s'], ' s')}; "

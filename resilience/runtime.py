@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -30,3 +30,7 @@ class RankRuntime:
     ckpt_dir: Path
     events: EventLog
     fault_hook: PhaseHook = field(default=_no_hook)
+    # The checkpoint I/O layer (a DCP ``FileSystem``-like object); a disk fault replaces it. None: plain files.
+    ckpt_fs: Any = None
+    # What a node holds in memory for recovery (the in-memory strategy's areas): ``destroy(node)`` wipes one node.
+    node_memory: Any = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -48,6 +49,7 @@ class ObservedAgent(LocalElasticAgent):
             if exited:
                 self._reported = True
                 self._report(exited)
+                self._resume_all()  # the agent's poll is about to stop the others
         return super()._monitor_workers(worker_group)
 
     def _failed_exit_codes(self, worker_group: WorkerGroup) -> dict[int, int]:
@@ -66,6 +68,18 @@ class ObservedAgent(LocalElasticAgent):
                 self._events.emit("fault_detected", step=d.step, detector=d.detector, blamed_rank=d.rank,
                                   verdict=d.verdict, value=d.value, fsync=True)
                 say(f"fault detected by {d.detector}: {d.verdict}")
+
+    def _resume_all(self) -> None:
+        """SIGCONT every rank: one frozen with SIGSTOP would sit on SIGTERM until the grace period ends."""
+        for pid in self._pcontext.pids().values() if self._pcontext else ():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._resume_all()
+        super()._stop_workers(worker_group)
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._events.attempt += 1

@@ -6,9 +6,11 @@ share of the (deduplicated) state, rank 0 writes DCP's metadata, then rank 0 com
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 
 from resilience.runtime import PhaseHook
 from resilience.state import TrainState
@@ -23,9 +25,11 @@ class HookedWriter(FileSystemWriter):
     the moment a crash in the middle of a save is most likely to leave a half-written checkpoint behind.
     """
 
-    def __init__(self, path, hook: PhaseHook, step: int) -> None:
+    def __init__(self, path, hook: PhaseHook, step: int, fs: Any = None) -> None:
         super().__init__(path, sync_files=True)
         self._hook, self._step = hook, step
+        if fs is not None:  # a disk fault's I/O layer
+            self.fs = fs
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
@@ -47,7 +51,15 @@ class SyncCheckpoint(CheckpointStrategy):
             path = self.dirs.prepare(step)
         dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
         path = self.dirs.path_for(step)
-        dcp.save(state.state_dict(), storage_writer=HookedWriter(path, rt.fault_hook, step))
+        try:
+            dcp.save(state.state_dict(), storage_writer=HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs))
+        except (OSError, CheckpointException) as exc:
+            # DCP gathers every rank's write result, so all ranks see a disk failure and none commits: the
+            # checkpoint is lost, not corrupt, and training goes on. (A peer's death is not caught here: the
+            # collective error propagates and the rank fails, as it must.)
+            rt.events.emit("ckpt_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500], fsync=True)
+            rt.events.emit("ckpt_stall_end", step=step)
+            return
         if rt.rank == 0:
             nbytes = self.dirs.commit(step)
             rt.events.emit("ckpt_durable", step=step, bytes=nbytes, path=str(path), fsync=True)
@@ -68,6 +80,9 @@ class SyncCheckpoint(CheckpointStrategy):
             return None
         entry = next(e for e in self.dirs.entries() if e.step == choice[0] and e.committed)
         sd = state.state_dict()
-        dcp.load(sd, storage_reader=FileSystemReader(entry.path))
+        reader = FileSystemReader(entry.path)
+        if self.rt.ckpt_fs is not None:
+            reader.fs = self.rt.ckpt_fs
+        dcp.load(sd, storage_reader=reader)
         state.load_state_dict(sd)
         return entry.step, "disk", self.dirs.size(entry)

@@ -1,0 +1,78 @@
+"""Hangs: a rank stops making progress without dying, the failure that nothing notices by itself.
+
+At scale these cost more than crashes: NCCL's watchdog waits 10 minutes by default, and Llama 3 405B lost 7 of its
+419 unexpected interruptions to "NCCL watchdog timeouts" whose cause was never found. Modes:
+
+* ``stall``   the rank stops in Python before its next collective; its peers block inside the all-reduce.
+* ``sigstop`` the whole process is frozen (SIGSTOP), threads included; the supervisor resumes or kills it.
+* ``gil``     a C call holds the GIL, so Python threads (a heartbeat thread, say) stop too.
+* ``gpu_sleep`` (CUDA only) a kernel that spins on the GPU before the collective.
+
+``duration_s`` null: until a detector acts (the process is killed by the recovery).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+from injectors.base import Injector
+
+MODES = ("stall", "sigstop", "gil", "gpu_sleep")
+FOREVER_S = 10**6
+
+
+class Hang(Injector):
+    name = "hang"
+
+    def __init__(self, mode: str = "stall", duration_s: float | None = None, **trigger: Any) -> None:
+        super().__init__(**trigger)
+        if mode not in MODES:
+            raise ValueError(f"fault.mode={mode}: must be one of {', '.join(MODES)}")
+        if duration_s is not None and not (isinstance(duration_s, (int, float)) and duration_s > 0):
+            raise ValueError(f"fault.duration_s={duration_s}: must be a number > 0, or null (until detected)")
+        self.mode, self.duration_s = mode, duration_s
+
+    def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
+        super().validate(world_size, steps, ckpt_every)
+        if self.mode == "gpu_sleep" and not torch.cuda.is_available():
+            raise ValueError("fault.mode=gpu_sleep: needs a CUDA device; use stall, sigstop or gil on CPU")
+
+    def _plan_detail(self, step: int) -> dict[str, Any]:
+        return {"mode": self.mode, "duration_s": self.duration_s, "pid": os.getpid()}
+
+    def _act(self, step: int) -> None:
+        seconds = self.duration_s or FOREVER_S
+        if self.mode == "stall":
+            time.sleep(seconds)
+        elif self.mode == "sigstop":
+            if self.duration_s:
+                _resume_later(seconds)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif self.mode == "gil":
+            # ctypes.PyDLL keeps the GIL across the foreign call (CDLL would release it): no Python thread runs.
+            ctypes.PyDLL(None).sleep(ctypes.c_uint(max(1, round(seconds))))
+        else:
+            _gpu_spin(self.rt.device, seconds)
+
+
+def _resume_later(seconds: float) -> None:
+    """A child process that sends SIGCONT to this one after ``seconds`` (a stopped process cannot wake itself)."""
+    parent = os.getpid()
+    if os.fork() == 0:
+        try:
+            time.sleep(seconds)
+            os.kill(parent, signal.SIGCONT)
+        finally:
+            os._exit(0)
+
+
+def _gpu_spin(device: torch.device, seconds: float) -> None:
+    """Queue a spinning kernel of about ``seconds`` on the device: the host runs on, the collective waits behind it."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(int(seconds * 1.5e9))  # in clock cycles; ~1.5 GHz
