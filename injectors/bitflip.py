@@ -21,10 +21,10 @@ import random
 from typing import Any
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from injectors.base import Injector, require_int
 from injectors.bits import BIT_CLASSES, choose_bits, flip_bits, pick_element
+from resilience.reduce import reduce_hook_for
 from resilience.strategies.commit import CheckpointDir
 from resilience.workloads.base import stream_seed
 
@@ -48,6 +48,7 @@ class BitFlip(Injector):
         if not isinstance(bit, int) and bit not in BIT_CLASSES:
             raise ValueError(f"fault.bit={bit}: must be a bit index or one of {', '.join(BIT_CLASSES)}")
         self.target, self.bit, self.nbits = target, bit, require_int("fault.bits", bits, 1)
+        self.hooks_reduction = target == "grads_pre"
         self._step: int | None = None
         self._handles: list[Any] = []
 
@@ -65,8 +66,10 @@ class BitFlip(Injector):
     def arm(self, state: Any) -> None:
         self.state = state
         if self.target == "grads_pre":
-            # On every rank, so that all reduce gradients the same way. DDP inspects the hook's annotations,
-            # which postponed evaluation turns into strings: hence an unannotated closure.
+            # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
+            # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
+            self._reduce = reduce_hook_for(self.rt.world_size)
+
             def hook(process_group, bucket):
                 return self._comm_hook(process_group, bucket)
 
@@ -131,7 +134,7 @@ class BitFlip(Injector):
             buf = bucket.buffer()
             element = self._rng(index).randrange(buf.numel())
             self._flip(index, f"grad_bucket{bucket.index()}", buf, element)
-        return default_hooks.allreduce_hook(process_group, bucket)
+        return self._reduce(process_group, bucket)
 
     def _forward_hook(self, module: Any, inputs: Any, output: torch.Tensor) -> None:
         index = self._due()

@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     recovery = instantiate(cfg.recovery)
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
-    Supervisor(cfg, config_path, detectors, recovery.max_restarts).run()
+    Supervisor(cfg, config_path, detectors, recovery).run()
     result = write_result(run_dir)
     print(summarize(result), flush=True)
     if result["status"] == "error":

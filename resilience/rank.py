@@ -19,7 +19,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from resilience.events import EventLog
+from resilience.detectors.process_exit import RECOVERY_EXIT
+from resilience.detectors.suite import RankDetectors, RecoveryRequested
+from resilience.events import EventLog, read_events
+from resilience.heartbeat import Beater
+from resilience.reduce import install as install_reduce
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.trainer import Trainer
@@ -69,6 +73,7 @@ def run_rank(cfg: DictConfig) -> None:
     configure_determinism(device, int(cfg.threads_per_rank))
 
     events = EventLog(run_dir, rank, attempt)
+    detectors: RankDetectors | None = None
     try:
         dist.init_process_group(cfg.backend, timeout=timedelta(seconds=float(cfg.timeouts.collective_s)))
         attempt = events.attempt = agreed_attempt(attempt, device)
@@ -80,23 +85,44 @@ def run_rank(cfg: DictConfig) -> None:
         strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         injector = instantiate(cfg.fault)
         injector.validate(world, int(cfg.steps), strategy.every if strategy.saves else None)
+        policy = instantiate(cfg.recovery)
+        detectors = RankDetectors([instantiate(d) for d in cfg.detectors.values()], policy)
         rt = RankRuntime(rank=rank, world_size=world, attempt=attempt, device=device, run_dir=run_dir,
-                         ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector)
+                         ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector,
+                         load_max_step=rollback_bound(run_dir, attempt))
         injector.attach(rt)
+        if not injector.hooks_reduction:  # an injector that hooks the reduction ends in the same one itself
+            install_reduce(ddp, world)
         injector.arm(state)
+        detectors.attach(rt, state)
         strategy.attach(rt)
+        beater = Beater(run_dir, rank)
         try:
-            Trainer(cfg, rt, workload, state, strategy).run()
+            Trainer(cfg, rt, workload, state, strategy, detectors, beater).run()
         finally:
+            beater.close()
             strategy.close()
             injector.cleanup()
         dist.destroy_process_group()
+    except RecoveryRequested as req:  # a detector found corrupt state: the supervisor restarts the ranks
+        events.emit("recovery_requested", reaction=req.reaction, detector=req.detection.detector,
+                    rollback_to=req.detection.rollback_to, fsync=True)
+        sys.exit(RECOVERY_EXIT if req.reaction in ("restart", "rollback") else 1)
     except Exception as exc:  # record why this rank stopped, then fail the process so the supervisor sees it
+        if detectors is not None and hasattr(detectors, "rt"):
+            detectors.on_exception(exc)
         events.emit("rank_error", error=f"{type(exc).__name__}: {exc}"[:2000], fsync=True)
         traceback.print_exc()
         sys.exit(1)
     finally:
         events.close()
+
+
+def rollback_bound(run_dir: Path, attempt: int) -> int | None:
+    """The step a rollback requested by the previous attempt must not load past (None: no rollback)."""
+    bounds = [e["rollback_to"] for e in read_events(run_dir)
+              if e["kind"] == "recovery_requested" and e["reaction"] == "rollback" and e["attempt"] == attempt - 1]
+    return min(bounds) if bounds else None
 
 
 def main(argv: list[str]) -> None:

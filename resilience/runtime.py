@@ -34,3 +34,7 @@ class RankRuntime:
     ckpt_fs: Any = None
     # What a node holds in memory for recovery (the in-memory strategy's areas): ``destroy(node)`` wipes one node.
     node_memory: Any = None
+    # Recovery instructions for this attempt: load no checkpoint newer than this step (a rollback), and
+    # accept a checkpoint only if this check passes: ``ckpt_verifier(dirs, entry) -> bool``.
+    load_max_step: int | None = None
+    ckpt_verifier: Any = None

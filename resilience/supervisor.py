@@ -8,10 +8,12 @@ and every restart is logged, so that detection and recovery times come from the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -21,8 +23,11 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from resilience.detectors.base import Detector
+from resilience.detectors.base import Detection, Detector
+from resilience.detectors.suite import emit_detection
 from resilience.events import EventLog
+from resilience.heartbeat import create_board, read_board, reset_board
+from resilience.recovery.base import RecoveryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +41,11 @@ def say(message: str) -> None:
 class ObservedAgent(LocalElasticAgent):
     """The elastic agent, reporting what it sees to the event log and the console."""
 
-    def __init__(self, *args, events: EventLog, detectors: list[Detector], **kwargs) -> None:
+    def __init__(self, *args, events: EventLog, detectors: list[Detector], run_dir: Path, policy: str,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._events, self._detectors = events, detectors
-        self._reported = False  # one detection per attempt: later failures are the same fault spreading
+        self._events, self._detectors, self._run_dir, self._policy = events, detectors, run_dir, policy
+        self._reported = False  # one failure per attempt: later failures are the same fault spreading
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Look before the agent does: on the first failure its poll also SIGTERMs the surviving ranks and waits
@@ -48,9 +54,26 @@ class ObservedAgent(LocalElasticAgent):
             exited = self._failed_exit_codes(worker_group)
             if exited:
                 self._reported = True
-                self._report(exited)
+                self._emit([d for det in self._detectors for d in det.on_worker_failures(exited)])
                 self._resume_all()  # the agent's poll is about to stop the others
+            else:
+                self._poll_board(worker_group)
         return super()._monitor_workers(worker_group)
+
+    def _poll_board(self, worker_group: WorkerGroup) -> None:
+        """Heartbeat-based detectors; a verdict with ``abort`` kills the blamed ranks so recovery can start."""
+        board = read_board(self._run_dir, worker_group.spec.local_world_size)
+        found = [d for det in self._detectors for d in det.on_poll(board, time.monotonic())]
+        self._emit(found)
+        doomed = {d.rank for d in found if d.abort and d.rank is not None}
+        if doomed:
+            self._reported = True
+            pids = self._pcontext.pids()
+            for w in worker_group.workers:
+                if w.global_rank in doomed:
+                    for sig in (signal.SIGCONT, signal.SIGKILL):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pids[w.local_rank], sig)
 
     def _failed_exit_codes(self, worker_group: WorkerGroup) -> dict[int, int]:
         """Global rank -> exit code of every rank process that has exited with a failure (non-blocking)."""
@@ -62,12 +85,10 @@ class ObservedAgent(LocalElasticAgent):
                 codes[worker_group.workers[local_rank].global_rank] = code
         return codes
 
-    def _report(self, exit_codes: dict[int, int]) -> None:
-        for det in self._detectors:
-            for d in det.on_worker_failures(exit_codes):
-                self._events.emit("fault_detected", step=d.step, detector=d.detector, blamed_rank=d.rank,
-                                  verdict=d.verdict, value=d.value, fsync=True)
-                say(f"fault detected by {d.detector}: {d.verdict}")
+    def _emit(self, found: list[Detection]) -> None:
+        for d in found:
+            emit_detection(self._events, d)
+            say(f"fault detected by {d.detector}: {d.verdict}")
 
     def _resume_all(self) -> None:
         """SIGCONT every rank: one frozen with SIGSTOP would sit on SIGTERM until the grace period ends."""
@@ -84,8 +105,9 @@ class ObservedAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._events.attempt += 1
         used = worker_group.spec.max_restarts - self._remaining_restarts
-        self._events.emit("restart", policy="restart", restart=used, max_restarts=worker_group.spec.max_restarts)
+        self._events.emit("restart", policy=self._policy, restart=used, max_restarts=worker_group.spec.max_restarts)
         say(f"restarting all ranks (restart {used} of {worker_group.spec.max_restarts})")
+        reset_board(self._run_dir, worker_group.spec.local_world_size)
         self._reported = False
         super()._restart_workers(worker_group)
 
@@ -93,9 +115,9 @@ class ObservedAgent(LocalElasticAgent):
 class Supervisor:
     """Runs ``world_size`` rank processes of one experiment on this host, until done or out of restarts."""
 
-    def __init__(self, cfg, config_path: Path, detectors: list[Detector], max_restarts: int) -> None:
+    def __init__(self, cfg, config_path: Path, detectors: list[Detector], policy: RecoveryPolicy) -> None:
         self.cfg, self.config_path = cfg, config_path
-        self.detectors, self.max_restarts = detectors, max_restarts
+        self.detectors, self.policy, self.max_restarts = detectors, policy, policy.max_restarts
         self.run_dir = Path(cfg.run_dir)
 
     def run(self) -> str:
@@ -128,7 +150,14 @@ class Supervisor:
             shutdown_timeout=int(cfg.timeouts.shutdown_s),
             events=events,
             detectors=self.detectors,
+            run_dir=self.run_dir,
+            policy=self.policy.name,
         )
+        create_board(self.run_dir, int(cfg.world_size))
+        for det in self.detectors:  # detectors that need a device report once if there is none
+            why = det.start()
+            if why:
+                events.emit("detector_unavailable", detector=det.name, reason=why)
         events.emit("launch", world_size=int(cfg.world_size), max_restarts=self.max_restarts)
         say(f"launching {cfg.world_size} ranks ({cfg.device}, {cfg.backend}); logs in {self.run_dir / 'logs'}")
         try:

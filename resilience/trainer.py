@@ -4,10 +4,13 @@ One attempt on one rank:
 
 1. ``strategy.load`` restores the newest good checkpoint (or none: start at step 0);
 2. for each step from there:
-   ``fault_hook("before_forward")`` -> batch -> forward/backward (DDP all-reduces the gradients) ->
-   ``fault_hook("before_optimizer_step")`` -> optimizer step -> ``step_end`` event ->
-   ``strategy.save`` (which calls ``fault_hook("during_checkpoint")`` inside the write);
+   ``fault_hook("before_forward")`` -> beat -> batch -> forward -> beat -> backward (DDP all-reduces the
+   gradients) -> beat -> ``fault_hook("before_optimizer_step")`` -> ``detectors.on_backward`` -> optimizer step ->
+   beat -> ``step_end`` event -> ``detectors.on_step_end`` -> ``strategy.save`` (beating ``CKPT_IO`` around it;
+   it calls ``fault_hook("during_checkpoint")`` inside the write);
 3. ``strategy.wait`` until every save is durable, then the final state hash goes into ``run_end``.
+
+Beats go to the heartbeat board that the supervisor's hang and straggler detectors read.
 
 Positions ("step" in events and in ``fault.at_step``) count completed optimizer steps, so a checkpoint at step
 10 holds the state after 10 steps and a recovery from it replays from the 11th.
@@ -21,7 +24,9 @@ import time
 import torch
 from omegaconf import DictConfig
 
+from resilience.detectors.suite import RankDetectors
 from resilience.events import read_events
+from resilience.heartbeat import BACKWARD_DONE, CKPT_IO, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy
@@ -32,8 +37,9 @@ class Trainer:
     """Runs one attempt of training on one rank (see the module docstring for the order of calls)."""
 
     def __init__(self, cfg: DictConfig, rt: RankRuntime, workload: Workload, state: TrainState,
-                 strategy: CheckpointStrategy) -> None:
+                 strategy: CheckpointStrategy, detectors: RankDetectors, beater: Beater) -> None:
         self.cfg, self.rt, self.workload, self.state, self.strategy = cfg, rt, workload, state, strategy
+        self.detectors, self.beater = detectors, beater
         self.steps = int(cfg.steps)
         self.log_every = int(cfg.log_every)
         # Where the previous attempt was hit: reaching it again marks the end of the recovery.
@@ -50,14 +56,22 @@ class Trainer:
         for step in range(start, self.steps):
             t0 = time.monotonic()
             rt.fault_hook("before_forward", step)
+            self.beater.beat(step, STEP_START)
             loss = self._forward_backward(step)
+            self.beater.beat(step, BACKWARD_DONE)
             rt.fault_hook("before_optimizer_step", step)
+            loss_value = loss.item()
+            self.detectors.on_backward(step, loss_value)
             self.state.optimizer.step()
             self.state.optimizer.zero_grad(set_to_none=True)
-            loss_value = loss.item()
+            self.beater.beat(step, STEP_DONE)
             ev.step = step + 1
             ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)
-            self.strategy.save(step + 1, self.steps, self.state)
+            self.detectors.on_step_end(step)
+            if self.strategy.due(step + 1, self.steps):
+                self.beater.beat(step, CKPT_IO)  # a slow save is not a hang: the longer deadline applies
+                self.strategy.save(step + 1, self.steps, self.state)
+                self.beater.beat(step, STEP_DONE)
             self._check_resumed(step + 1)
             if rt.rank == 0 and ((step + 1) % self.log_every == 0 or step + 1 == self.steps):
                 now = time.monotonic()
@@ -76,6 +90,7 @@ class Trainer:
         torch.manual_seed(stream_seed(self.workload.seed, step, self.rt.rank, "rng"))
         batch = self.workload.batch(step, self.rt.rank, self.rt.device)
         loss = self.workload.loss(self.state.model, batch)
+        self.beater.beat(step, FORWARD_DONE)
         loss.backward()
         return loss
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import signal
+
 from resilience.detectors.base import Detection, Detector
+
+# A rank exits with this code when a detector inside it asked for a restart (a rollback, say): a requested
+# exit, not a fault (sysexits' EX_TEMPFAIL).
+RECOVERY_EXIT = 75
 
 
 def describe_exit(exitcode: int) -> str:
@@ -27,9 +32,9 @@ class ProcessExit(Detector):
     name = "process_exit"
 
     def on_worker_failures(self, exit_codes: dict[int, int]) -> list[Detection]:
-        if not exit_codes:
+        codes = {r: c for r, c in exit_codes.items() if c != RECOVERY_EXIT}
+        if not codes:
             return []
-        codes = exit_codes
         blamed = min(codes, key=lambda r: (0 if codes[r] < 0 else 1 if codes[r] != 1 else 2, r))
         value = {str(r): describe_exit(c) for r, c in sorted(codes.items())}
         return [Detection(self.name, blamed, f"rank {blamed} died ({describe_exit(codes[blamed])})", value)]

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 
 class RecoveryPolicy:
-    """How the supervisor reacts to a detected failure, within a restart budget of ``max_restarts``."""
+    """How the run reacts to a detected failure, within a restart budget of ``max_restarts``.
+
+    Crashes and hangs always end the attempt (the supervisor restarts the ranks while budget is left). What a
+    rank-side detection of silent corruption means is the policy's ``react``: "record" it and train on,
+    "restart" from the newest good checkpoint, "rollback" to one taken before the corruption, or "fail".
+    """
 
     name: str = "base"
+    on_silent: str = "record"
+
+    def react(self, detection) -> str:
+        return self.on_silent if detection.silent else "record"
 
     def __init__(self, max_restarts: int) -> None:
         if int(max_restarts) != max_restarts or max_restarts < 0:

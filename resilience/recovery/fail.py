@@ -7,6 +7,7 @@ from resilience.recovery.base import RecoveryPolicy
 
 class Fail(RecoveryPolicy):
     name = "fail"
+    on_silent = "fail"
 
     def __init__(self, max_restarts: int = 0) -> None:
         if max_restarts != 0:

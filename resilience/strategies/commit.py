@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilience.fsio import atomic_write_json, fsync_dir
+from resilience.strategies.checksum import collect_checksums
 
 COMMIT_MARKER = "COMMIT.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -47,9 +48,13 @@ class CheckpointDir:
                 found.append(CheckpointEntry(int(m.group(1)), child, (child / COMMIT_MARKER).is_file()))
         return sorted(found, key=lambda e: e.step)
 
-    def newest_committed(self) -> CheckpointEntry | None:
-        committed = [e for e in self.entries() if e.committed]
+    def newest_committed(self, max_step: int | None = None) -> CheckpointEntry | None:
+        """The newest committed checkpoint, optionally no newer than ``max_step`` (a rollback bound)."""
+        committed = [e for e in self.entries() if e.committed and (max_step is None or e.step <= max_step)]
         return committed[-1] if committed else None
+
+    def manifest(self, entry: CheckpointEntry) -> dict:
+        return json.loads((entry.path / COMMIT_MARKER).read_text())
 
     def incomplete_after(self, step: int) -> list[CheckpointEntry]:
         """Uncommitted checkpoints newer than ``step``: saves that a crash interrupted."""
@@ -57,8 +62,7 @@ class CheckpointDir:
 
     def size(self, entry: CheckpointEntry) -> int:
         """Bytes of a committed checkpoint's files, as its manifest lists them."""
-        manifest = json.loads((entry.path / COMMIT_MARKER).read_text())
-        return sum(manifest["files"].values())
+        return sum(self.manifest(entry)["files"].values())
 
     def prepare(self, step: int) -> Path:
         """An empty directory for ``step``; leftovers of an interrupted save of the same step are removed."""
@@ -72,7 +76,9 @@ class CheckpointDir:
     def commit(self, step: int) -> int:
         """Make the checkpoint of ``step`` durable and visible; return its size in bytes."""
         path = self.path_for(step)
-        files = {f.name: f.stat().st_size for f in sorted(path.iterdir()) if f.is_file()}
+        crc32 = collect_checksums(path)
+        files = {f.name: f.stat().st_size for f in sorted(path.iterdir())
+                 if f.is_file() and not f.name.startswith(".crc-")}
         for name in files:  # DCP fsyncs its data files; the metadata and the directory entries need it too
             fd = os.open(path / name, os.O_RDONLY)
             try:
@@ -80,7 +86,8 @@ class CheckpointDir:
             finally:
                 os.close(fd)
         fsync_dir(path)
-        atomic_write_json(path / COMMIT_MARKER, {"step": step, "files": files})
+        atomic_write_json(path / COMMIT_MARKER, {"step": step, "files": files,
+                                                 "crc32": {k: v for k, v in crc32.items() if k in files}})
         return sum(files.values())
 
     def prune(self, keep: int) -> list[int]:

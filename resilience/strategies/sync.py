@@ -15,7 +15,8 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader, 
 from resilience.runtime import PhaseHook
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.commit import CheckpointDir
+from resilience.strategies.checksum import ChecksumFileSystem
+from resilience.strategies.commit import CheckpointDir, CheckpointEntry
 
 
 class HookedWriter(FileSystemWriter):
@@ -28,12 +29,12 @@ class HookedWriter(FileSystemWriter):
     def __init__(self, path, hook: PhaseHook, step: int, fs: Any = None) -> None:
         super().__init__(path, sync_files=True)
         self._hook, self._step = hook, step
-        if fs is not None:  # a disk fault's I/O layer
-            self.fs = fs
+        self.fs = ChecksumFileSystem(fs)  # over a disk fault's I/O layer, if any
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()
+        self.fs.write_sidecar(self.path, dist.get_rank() if dist.is_initialized() else 0)
         self._hook("during_checkpoint", self._step)
         return future
 
@@ -71,9 +72,7 @@ class SyncCheckpoint(CheckpointStrategy):
         # Rank 0 chooses and everyone follows: all ranks must restore the same step.
         choice = [None]
         if self.rt.rank == 0:
-            entry = self.dirs.newest_committed()
-            for bad in self.dirs.incomplete_after(entry.step if entry else -1):
-                self.rt.events.emit("ckpt_incomplete", step=bad.step, path=str(bad.path))
+            entry = self.choose()
             choice = [entry.step if entry else None]
         dist.broadcast_object_list(choice, src=0)
         if choice[0] is None:
@@ -86,3 +85,16 @@ class SyncCheckpoint(CheckpointStrategy):
         dcp.load(sd, storage_reader=reader)
         state.load_state_dict(sd)
         return entry.step, "disk", self.dirs.size(entry)
+
+    def choose(self) -> CheckpointEntry | None:
+        """The newest committed checkpoint within the rollback bound that passes the integrity check."""
+        rt = self.rt
+        newest = self.dirs.newest_committed()
+        for bad in self.dirs.incomplete_after(newest.step if newest else -1):
+            rt.events.emit("ckpt_incomplete", step=bad.step, path=str(bad.path))
+        candidates = [e for e in self.dirs.entries()
+                      if e.committed and (rt.load_max_step is None or e.step <= rt.load_max_step)]
+        for entry in reversed(candidates):
+            if rt.ckpt_verifier is None or rt.ckpt_verifier(self.dirs, entry):
+                return entry
+        return None

@@ -1,0 +1,63 @@
+"""The detectors of one rank, composed: each verdict becomes a ``fault_detected`` event, then the recovery policy
+decides what it means for this rank (``RecoveryRequested`` asks the supervisor for a restart)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from resilience.detectors.base import Detection, Detector
+
+
+class RecoveryRequested(Exception):
+    """A detector found the state corrupt and the policy wants the ranks restarted (``rollback_to``: a bound)."""
+
+    def __init__(self, detection: Detection, reaction: str) -> None:
+        super().__init__(f"{reaction} requested by {detection.detector}: {detection.verdict}")
+        self.detection, self.reaction = detection, reaction
+
+
+def emit_detection(events: Any, d: Detection) -> None:
+    events.emit("fault_detected", step=d.step, detector=d.detector, blamed_rank=d.rank, verdict=d.verdict,
+                value=d.value, silent=d.silent, rollback_to=d.rollback_to, fsync=True, **d.extra)
+
+
+class RankDetectors:
+    """Calls every detector's rank-side hook and applies ``policy.react`` to what they find."""
+
+    def __init__(self, detectors: list[Detector], policy: Any) -> None:
+        self.detectors, self.policy = detectors, policy
+        self.needs_grad_norm = any(d.needs_grad_norm for d in detectors)
+
+    def attach(self, rt: Any, state: Any) -> None:
+        self.rt, self.state = rt, state
+        for d in self.detectors:
+            d.attach(rt, state)
+
+    def grad_norm(self) -> float | None:
+        if not self.needs_grad_norm:
+            return None
+        grads = [p.grad for p in self.state.model.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        return float(norm) if norm is not None else math.nan
+
+    def on_backward(self, step: int, loss: float) -> None:
+        norm = self.grad_norm()
+        self._handle([x for d in self.detectors for x in d.on_backward(step, loss, norm)])
+
+    def on_step_end(self, step: int) -> None:
+        self._handle([x for d in self.detectors for x in d.on_step_end(step)])
+
+    def on_exception(self, exc: BaseException) -> None:
+        for x in [x for d in self.detectors for x in d.on_exception(exc)]:
+            emit_detection(self.rt.events, x)
+
+    def _handle(self, found: list[Detection]) -> None:
+        for d in found:
+            emit_detection(self.rt.events, d)
+        for d in found:
+            reaction = self.policy.react(d)
+            if reaction != "record":
+                raise RecoveryRequested(d, reaction)

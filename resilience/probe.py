@@ -1,0 +1,195 @@
+"""``python -m resilience.probe [--dir CKPT_DIR] [--out FILE] [--refresh]``: this machine's limits, for context.
+
+A checkpoint cannot be written faster than the disk takes data, snapshotted faster than memory copies, or a
+recovery finish before processes restart. The probe measures those ceilings, so that results can say how close
+a strategy gets (e.g. "sync writes at 80% of the disk's bandwidth"):
+
+* ``write_GBps``: sequential write of ``size_mb`` (1 GiB: a checkpoint's size) of random bytes in 8 MiB chunks,
+  then ``fsync``, to a new file; the median of 3 (a shared virtual disk's speed varies by 2-4x from run to run);
+* ``read_GBps``: sequential read of that file after dropping it from the page cache with
+  ``posix_fadvise(DONTNEED)`` (``read_cold`` says whether the drop was possible);
+* ``memcpy_GBps``: ``Tensor.copy_`` between preallocated host buffers on one thread (as a rank snapshots);
+* ``rank_start_s``: spawning ``ranks`` processes that import torch and initialise a gloo process group.
+
+Results are cached per host and file system (``~/.cache/resilience-bench/limits-<host>.json``, keyed by the
+directory's device number); ``load_limits`` returns the cached figures and probes only when they are missing.
+The probe takes ~10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from resilience.fsio import atomic_write_json
+
+CACHE_DIR = Path(os.environ.get("RESILIENCE_CACHE", Path.home() / ".cache" / "resilience-bench"))
+CHUNK = 8 << 20
+_RANK_CHILD = """
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+print(time.time(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _cache_file() -> Path:
+    return CACHE_DIR / f"limits-{socket.gethostname()}.json"
+
+
+def _cache_key(ckpt_dir: Path) -> str:
+    return f"{socket.gethostname()}:dev{os.stat(ckpt_dir).st_dev}"
+
+
+def _existing_dir(path: str | Path) -> Path:
+    """``path`` itself if it exists, else its nearest existing ancestor (the file system it will be created on)."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def measure_disk(ckpt_dir: Path, size_mb: int, samples: int = 3) -> dict[str, Any]:
+    """Write (fsync) and cold-read bandwidth of scratch files in ``ckpt_dir``, which are removed afterwards.
+
+    Each write sample creates a new file, as a checkpoint does (overwriting allocated blocks is faster and
+    would flatter the disk). The limit is the median sample: the best one is often a burst that a cache in
+    front of the disk absorbed, which a checkpoint of the same size does not see again.
+    """
+    chunk = os.urandom(CHUNK)  # incompressible: a file system or disk cannot shortcut it
+    n = max(1, (size_mb << 20) // CHUNK)
+    writes, read, cold = [], 0.0, False
+    for sample in range(samples):
+        fd, name = tempfile.mkstemp(prefix=".probe-", dir=ckpt_dir)
+        try:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                os.write(fd, chunk)
+            os.fsync(fd)
+            writes.append(n * CHUNK / (time.perf_counter() - t0))
+            if sample == samples - 1:
+                read, cold = _read_cold(fd, n * CHUNK)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    return {"write_GBps": statistics.median(writes) / 1e9, "write_samples_GBps": [w / 1e9 for w in writes],
+            "read_GBps": read / 1e9, "read_cold": cold, "probe_bytes": n * CHUNK}
+
+
+def _read_cold(fd: int, nbytes: int) -> tuple[float, bool]:
+    """Read bandwidth (B/s) of the open file after dropping its pages from the cache; whether the drop was possible."""
+    cold = hasattr(os, "posix_fadvise")
+    if cold:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean after fsync, so the pages are really dropped
+    os.lseek(fd, 0, os.SEEK_SET)
+    buf = bytearray(CHUNK)
+    t0 = time.perf_counter()
+    while os.readv(fd, [buf]) > 0:
+        pass
+    return nbytes / (time.perf_counter() - t0), cold
+
+
+def measure_memcpy(size_mb: int = 256) -> float:
+    """Host copy bandwidth in GB/s on one thread, between buffers whose pages are already mapped (best of 5)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(size_mb << 18)  # float32: size_mb MiB
+        dst = torch.zeros_like(src)
+        best = 0.0
+        for _ in range(5):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = max(best, src.numel() * 4 / (time.perf_counter() - t0))
+        return best / 1e9
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure_rank_start(ranks: int = 2, timeout_s: float = 60) -> float:
+    """Seconds from spawning ``ranks`` interpreters to all of them having torch imported and a gloo group up."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
+            "OMP_NUM_THREADS": "1"}
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK_CHILD], env={**base, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(ranks)]
+    try:
+        ready = [float(p.communicate(timeout=timeout_s)[0].split()[0]) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return max(ready) - t0
+
+
+def probe(ckpt_dir: str | Path, size_mb: int = 1024, ranks: int = 2) -> dict[str, Any]:
+    """Measure every limit for ``ckpt_dir``'s file system (created if missing)."""
+    path = Path(ckpt_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    limits = {"host": socket.gethostname(), "key": _cache_key(path), "dir": str(path.resolve()),
+              **measure_disk(path, size_mb), "memcpy_GBps": measure_memcpy(), "rank_start_s": measure_rank_start(ranks),
+              "rank_start_ranks": ranks, "torch": torch.__version__, "measured_at": time.time()}
+    limits["probe_s"] = time.perf_counter() - t0
+    return limits
+
+
+def load_limits(ckpt_dir: str | Path, refresh: bool = False) -> dict[str, Any]:
+    """The cached limits of ``ckpt_dir``'s file system on this host; probed (and cached) when absent or ``refresh``."""
+    where = _existing_dir(ckpt_dir)
+    key = _cache_key(where)
+    cache_file = _cache_file()
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if refresh or key not in cache:
+        cache[key] = probe(where)  # the nearest existing directory: same file system, nothing created
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache_file, cache)
+    return cache[key]
+
+
+def describe(limits: dict[str, Any]) -> str:
+    return (f"limits of {limits['key']} ({limits['dir']}):\n"
+            f"  disk write (fsync, median)  {limits['write_GBps']:.2f} GB/s  "
+            f"(samples {', '.join(f'{w:.2f}' for w in limits['write_samples_GBps'])}; {limits['probe_bytes'] >> 20} MiB)\n"
+            f"  disk read ({'cold' if limits['read_cold'] else 'possibly cached'})  {limits['read_GBps']:.2f} GB/s\n"
+            f"  host memcpy (1 thread)  {limits['memcpy_GBps']:.2f} GB/s\n"
+            f"  rank start ({limits['rank_start_ranks']} ranks: python + torch + gloo init)  "
+            f"{limits['rank_start_s']:.2f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m resilience.probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default="results", help="a directory on the checkpoint file system (default: results)")
+    ap.add_argument("--out", help="also write the figures to this JSON file")
+    ap.add_argument("--refresh", action="store_true", help="probe again even if cached figures exist")
+    args = ap.parse_args(argv)
+    limits = load_limits(args.dir, refresh=args.refresh)
+    print(describe(limits))
+    print(f"  cached in {_cache_file()}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out, limits)
+
+
+if __name__ == "__main__":
+    main()

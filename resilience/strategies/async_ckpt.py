@@ -1,0 +1,161 @@
+"""Two-phase asynchronous checkpointing after CheckFreq (Mohan, Phanishayee, Chidambaram; USENIX FAST'21).
+
+Phase 1, *snapshot*: between two optimizer steps, each rank copies its share of the state into reused host
+buffers (``snapshot.HostSnapshot``). This is the only time training waits; ``ckpt_stall_end`` follows it.
+Phase 2, *persist*: a background thread writes the snapshot in DCP's format and commits it exactly as ``sync``
+does (``commit.CheckpointDir``: COMMIT.json renamed into place), then rank 0 emits ``ckpt_durable``.
+
+Consistency: a snapshot is taken while no optimizer step runs, and its buffers are rewritten only by the next
+snapshot, which never starts while a persist is in flight (one at a time). When a checkpoint comes due during a
+persist, ``when_busy`` decides: ``wait`` for it (the wait is part of the stall) or ``skip`` this checkpoint
+(``ckpt_skipped``; all ranks agree, since a persist is a collective operation).
+
+The background writer's collectives (DCP's planning and result gathering) run on a gloo process group of its own,
+created at ``attach`` on every rank in the same order, so that they never interleave with the training loop's
+collectives on the default group.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
+from resilience.strategies.commit import CheckpointDir
+from resilience.strategies.snapshot import HostSnapshot
+from resilience.strategies.sync import HookedWriter, SyncCheckpoint
+
+WHEN_BUSY = ("wait", "skip")
+
+
+def hooked_writer(rt: RankRuntime, path, step: int) -> HookedWriter:
+    """DCP writer that fires ``during_checkpoint`` once this rank's shard is on disk (and honours a disk fault)."""
+    return HookedWriter(path, rt.fault_hook, step, getattr(rt, "ckpt_fs", None))
+
+
+def commit_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, keep: int) -> None:
+    """Rank 0, once every rank's shard is written: commit, emit ``ckpt_durable``, prune to ``keep``."""
+    if rt.rank != 0:
+        return
+    nbytes = dirs.commit(step)
+    rt.events.emit("ckpt_durable", step=step, bytes=nbytes, path=str(dirs.path_for(step)), fsync=True)
+    for pruned in dirs.prune(keep):
+        rt.events.emit("ckpt_pruned", step=pruned)
+
+
+def write_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, state_dict: dict[str, Any], keep: int,
+                     group: dist.ProcessGroup | None) -> None:
+    """``sync``'s write-and-commit, with every collective on ``group``; every rank of the group calls it."""
+    if rt.rank == 0:
+        dirs.prepare(step)
+    dist.barrier(group=group)  # nobody writes into the directory before rank 0 has emptied it
+    dcp.save(state_dict, storage_writer=hooked_writer(rt, dirs.path_for(step), step), process_group=group)
+    commit_checkpoint(rt, dirs, step, keep)
+
+
+class BackgroundCheckpoint(SyncCheckpoint):
+    """Shared policy of strategies whose write outlives ``save``: one persist in flight, ``when_busy``, ``wait``.
+
+    Loading is ``sync``'s (the newest committed checkpoint). Subclasses implement ``_start``, which returns a
+    future that completes once the checkpoint is committed (or fails with the persist's exception).
+    """
+
+    def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0) -> None:
+        super().__init__(every, keep)
+        if when_busy not in WHEN_BUSY:
+            raise ValueError(f"strategy.when_busy={when_busy}: must be one of {', '.join(WHEN_BUSY)}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+            raise ValueError(f"strategy.timeout_s={timeout_s}: must be a number > 0")
+        self.when_busy, self.timeout_s = when_busy, float(timeout_s)
+        self._pending: Future | None = None
+        self.group: dist.ProcessGroup | None = None
+
+    def attach(self, rt: RankRuntime) -> None:
+        super().attach(rt)
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+
+    def _save(self, step: int, state: TrainState) -> None:
+        self._reap()  # a persist that failed since the last checkpoint stops training here
+        if self._busy_anywhere():
+            if self.when_busy == "skip":
+                self.rt.events.emit("ckpt_skipped", step=step, reason="persist in flight")
+                return
+            self.wait()  # inside the stall: ckpt_begin is already out
+        self._pending = self._start(step, state)
+
+    def _busy_anywhere(self) -> bool:
+        busy = self._pending is not None and not self._pending.done()
+        if self.when_busy == "wait":
+            return busy  # each rank waits for its own persist: every rank still starts every checkpoint
+        # Skipping must be unanimous: a rank that started a persist alone would wait forever in its collectives.
+        flag = torch.tensor([int(busy)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _reap(self) -> None:
+        if self._pending is not None and self._pending.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the persist in flight is committed; re-raise its exception if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Give a persist in flight a bounded time to finish (it may be waiting on a rank that died)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.exception(timeout=self.timeout_s)
+            except TimeoutError:
+                pass
+
+    def _start(self, step: int, state: TrainState) -> Future:
+        raise NotImplementedError
+
+    def _run_persist(self, step: int, done: Future, work) -> None:
+        """Run ``work()`` and settle ``done`` with its outcome; failures are recorded when they happen."""
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread through the future
+            self.rt.events.emit("ckpt_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500], fsync=True)
+            done.set_exception(exc)
+        else:
+            done.set_result(step)
+
+
+class AsyncCheckpoint(BackgroundCheckpoint):
+    """CheckFreq's snapshot-then-persist, with a persist thread and reused host buffers."""
+
+    name = "async"
+
+    def attach(self, rt: RankRuntime) -> None:
+        super().attach(rt)
+        self.snapshot = HostSnapshot(rt.rank, rt.world_size)
+
+    def load(self, state: TrainState) -> int:
+        """Load as ``sync`` does, then allocate the snapshot buffers, so that no checkpoint pays for that."""
+        step = super().load(state)
+        if state.optimizer.state:  # state_dict() on an uninitialised optimizer would step it (see TrainState)
+            t0 = time.monotonic()
+            nbytes = self.snapshot.reserve(state.state_dict())
+            self.rt.events.emit("snapshot_reserved", bytes=nbytes, duration_s=time.monotonic() - t0)
+        return step
+
+    def _start(self, step: int, state: TrainState) -> Future:
+        snap = self.snapshot.capture(state.state_dict())
+        self.rt.events.emit("ckpt_stall_end", step=step, snapshot_bytes=self.snapshot.nbytes)
+        done: Future = Future()
+        work = lambda: write_checkpoint(self.rt, self.dirs, step, snap, self.keep, self.group)  # noqa: E731
+        threading.Thread(target=self._run_persist, args=(step, done, work), name=f"persist-{step}",
+                         daemon=True).start()  # daemon: a dying rank must not wait for its writer
+        return done

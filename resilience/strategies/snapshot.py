@@ -1,0 +1,114 @@
+"""Host-memory snapshots of training state: the fast first phase of a two-phase (CheckFreq-style) checkpoint.
+
+A snapshot copies every tensor of a state dict that this rank will write into host buffers that are allocated
+once and reused, so that a checkpoint costs training a memcpy, not an allocation (first-touch page faults cost
+more than the copy itself: ~0.4 GB/s against ~15 GB/s on the reference machine).
+
+Data-parallel ranks hold identical replicas, so each rank snapshots and writes only its *share*: tensors are
+assigned to ranks by a deterministic size-balanced partition that every rank computes alone. DCP merges the
+ranks' disjoint plans into one checkpoint, loadable like any other (every rank then reads every key).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+_OMIT = object()  # marks a tensor that another rank writes
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def flat_tensors(obj: Any, prefix: str = "", in_list: bool = False) -> dict[str, tuple[torch.Tensor, bool]]:
+    """Every tensor leaf of a nested dict/list/tuple: dotted path -> (tensor, whether a list holds it).
+
+    Tensors inside lists are written by every rank (DCP deduplicates them): leaving one out would shift the
+    indices, and so the keys, of the elements after it.
+    """
+    if isinstance(obj, torch.Tensor):
+        return {prefix: (obj, in_list)}
+    out: dict[str, tuple[torch.Tensor, bool]] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, _join(prefix, k), in_list))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, _join(prefix, i), True))
+    return out
+
+
+def assign_shares(sizes: dict[str, int], world_size: int) -> dict[str, int]:
+    """Owner rank of each key: largest first to the least-loaded rank (ties: lower rank), keys sorted for ties.
+
+    A pure function of the keys and sizes, identical on every rank without communication.
+    """
+    load = [0] * world_size
+    owner = {}
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        owner[key] = r
+        load[r] += sizes[key]
+    return owner
+
+
+class HostSnapshot:
+    """Reusable host buffers for this rank's share of a state dict.
+
+    Contract: ``capture(sd)`` returns a state dict with the same nesting as ``sd`` whose tensors are this rank's
+    buffers holding a copy of ``sd`` as it was during the call (non-tensor leaves are deep-copied). The returned
+    dict stays valid, and unchanged, until the next ``capture``; the caller must not start a new capture while
+    anything still reads the previous one (the strategy guarantees that by allowing one persist at a time).
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._layout: dict[str, tuple] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory held by the buffers."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def reserve(self, sd: dict[str, Any]) -> int:
+        """Allocate (and touch) the buffers for ``sd``'s layout now, outside any stall; return bytes held."""
+        tensors = flat_tensors(sd)
+        layout = {k: (t.dtype, tuple(t.shape)) for k, (t, _) in tensors.items()}
+        if layout == self._layout:
+            return self.nbytes
+        owner = assign_shares({k: t.numel() * t.element_size() for k, (t, shared) in tensors.items()
+                               if not shared}, self.world_size)
+        pin = torch.cuda.is_available()  # pinned buffers make device-to-host copies asynchronous and faster
+        self._buffers = {}
+        for k, (t, shared) in tensors.items():
+            if shared or owner[k] == self.rank:
+                buf = torch.zeros(t.shape, dtype=t.dtype, device="cpu")  # zeros: fault the pages in here
+                self._buffers[k] = buf.pin_memory() if pin else buf
+        self._layout = layout
+        return self.nbytes
+
+    def capture(self, sd: dict[str, Any]) -> dict[str, Any]:
+        """Copy this rank's share of ``sd`` into the buffers; return the snapshot state dict (see class doc)."""
+        self.reserve(sd)  # a no-op unless the layout changed
+        snap = self._copy(sd, "")
+        if any(b.is_pinned() for b in self._buffers.values()):
+            torch.cuda.synchronize()  # non-blocking device-to-host copies must land before anyone reads them
+        return snap
+
+    def _copy(self, obj: Any, prefix: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            buf = self._buffers.get(prefix)
+            if buf is None:
+                return _OMIT
+            buf.copy_(obj.detach(), non_blocking=buf.is_pinned())
+            return buf
+        if isinstance(obj, dict):
+            items = ((k, self._copy(v, _join(prefix, k))) for k, v in obj.items())
+            return {k: v for k, v in items if v is not _OMIT}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v, _join(prefix, i)) for i, v in enumerate(obj))  # never omitted
+        return copy.deepcopy(obj)
