@@ -25,6 +25,7 @@ SLOT = struct.Struct("<qqdd")  # step, phase, t_mono, busy_s
 # Phases, in the order a step passes them; a rank with less progress than its peers is the one they wait for.
 STEP_START, FORWARD_DONE, BACKWARD_DONE, STEP_DONE = 0, 1, 2, 3
 CKPT_IO = 4  # inside the checkpoint save after a step: the supervisor allows timeouts.ckpt_io_s instead
+FINISHED = 5  # out of the training loop (final wait, hashing, exit): no deadline any more
 
 
 def create_board(run_dir: Path, world_size: int) -> Path:

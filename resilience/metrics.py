@@ -72,7 +72,8 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
         "fault_injected": fault is not None,
         "fault_step": fault["step"] if fault else None,
         "fault_rank": fault["rank"] if fault else None,
-        "detected": False, "detector": None, "detected_rank": None, "detection_latency_s": None,
+        "detected": False, "detector": None, "detected_rank": None, "detected_rank_correct": None,
+        "detection_latency_s": None, "detections": {},
         "recovered": False, "recovery_time_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},
         "lost_steps": None,
@@ -82,9 +83,14 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
     if fault is None:
         return out
     t0 = fault["t_mono"]
+    for e in events:  # the first verdict of every detector that fired after the fault (the coverage table)
+        if e["kind"] == "fault_detected" and e["t_mono"] >= t0 and e["detector"] not in out["detections"]:
+            out["detections"][e["detector"]] = {"latency_s": e["t_mono"] - t0, "blamed_rank": e.get("blamed_rank")}
     detection = next((e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= t0), None)
     if detection:
+        targets = set(fault.get("node_ranks") or [fault.get("target_rank", fault["rank"])])
         out.update(detected=True, detector=detection["detector"], detected_rank=detection.get("blamed_rank"),
+                   detected_rank_correct=detection.get("blamed_rank") in targets,
                    detection_latency_s=detection["t_mono"] - t0)
     later = [e for e in rank0 if e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
     start = _first(later, "run_start")

@@ -27,7 +27,8 @@ def ordered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
     gathered = [torch.empty_like(buf) for _ in range(world)]
     work = dist.all_gather(gathered, buf, group=group, async_op=True)
 
-    def finish(_: torch.futures.Future) -> torch.Tensor:
+    def finish(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises a failed all-gather (a dead peer): never sum uninitialised buffers
         total = gathered[0].clone()
         for part in gathered[1:]:
             total += part

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from resilience.detectors.suite import RankDetectors
 from resilience.events import read_events
-from resilience.heartbeat import BACKWARD_DONE, CKPT_IO, FORWARD_DONE, STEP_DONE, STEP_START, Beater
+from resilience.heartbeat import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy
@@ -79,6 +79,7 @@ class Trainer:
                 print(f"[rank 0 attempt {rt.attempt}] step {step + 1}/{self.steps}  loss {loss_value:.4f}  "
                       f"{rate:.1f} steps/s", flush=True)
                 last_t, last_step = now, step + 1
+        self.beater.beat(self.steps, FINISHED)
         self.strategy.wait()
         digest = state_sha256(self.state.state_dict())
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB

@@ -46,7 +46,7 @@ def test_resolve_rejects_during_checkpoint_without_checkpoints(tmp_path):
 
 
 BAD = [
-    (("strategy=nope",), "strategy=nope", "allowed: none, sync"),
+    (("strategy=nope",), "strategy=nope", "allowed: "),
     (("steps=0",), "steps=0", ">= 1"),
     (("world_size=0",), "world_size=0", ">= 1"),
     (("fault=kill", "fault.at_step=500", "steps=30"), "fault.at_step=500", "[0, 29]"),

@@ -29,6 +29,12 @@ def bit_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def odd_ranks(prints: list[tuple[int, ...]]) -> list[int]:
+    """The ranks whose fingerprint differs from a strict majority's; empty when there is no majority."""
+    majority, n = Counter(prints).most_common(1)[0]
+    return [r for r, p in enumerate(prints) if p != majority] if n > len(prints) / 2 else []
+
+
 class ReplicaFingerprint(Detector):
     name = "replica_fingerprint"
 
@@ -63,9 +69,7 @@ class ReplicaFingerprint(Detector):
         if self.first_mismatch is not None:
             return []  # already reported; keep the first
         self.first_mismatch = position
-        counts = Counter(prints)
-        majority, n = counts.most_common(1)[0]
-        odd = [r for r, p in enumerate(prints) if p != majority] if n > len(prints) / 2 else []
+        odd = odd_ranks(prints)
         blamed = odd[0] if len(odd) == 1 else None
         return [Detection(self.name, blamed, f"replicas differ after step {position}"
                           + (f": rank {blamed} is the odd one out" if blamed is not None else ": no majority"),

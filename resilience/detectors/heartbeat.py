@@ -9,7 +9,7 @@ named and aborted. Checkpoint I/O has its own, longer deadline (``timeouts.ckpt_
 from __future__ import annotations
 
 from resilience.detectors.base import Detection, Detector
-from resilience.heartbeat import CKPT_IO
+from resilience.heartbeat import CKPT_IO, FINISHED
 
 
 class Heartbeat(Detector):
@@ -27,7 +27,7 @@ class Heartbeat(Detector):
         if any(phase == CKPT_IO and now - t <= self.ckpt_io_s for _, phase, t, _ in board):
             return []  # a rank is saving within its deadline: the others may just be waiting for it
         silent = {r: now - t for r, (_, phase, t, _) in enumerate(board)
-                  if now - t > (self.ckpt_io_s if phase == CKPT_IO else self.heartbeat_s)}
+                  if phase != FINISHED and now - t > (self.ckpt_io_s if phase == CKPT_IO else self.heartbeat_s)}
         if not silent:
             return []
         progress = {r: (step, phase) for r, (step, phase, _, _) in enumerate(board)}

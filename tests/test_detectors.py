@@ -1,0 +1,168 @@
+"""Each detector on a positive and a negative case, without processes where the logic allows."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+
+from conftest import run_experiment
+from resilience.detectors.ckpt_integrity import CkptIntegrity
+from resilience.detectors.collective_timeout import CollectiveTimeout
+from resilience.detectors.fingerprint import bit_sum, odd_ranks
+from resilience.detectors.gpu_health import GpuHealth
+from resilience.detectors.heartbeat import Heartbeat
+from resilience.detectors.nonfinite import Nonfinite
+from resilience.detectors.process_exit import RECOVERY_EXIT, ProcessExit
+from resilience.detectors.robust_z import GradNorm, LossSpike
+from resilience.detectors.straggler import Straggler
+from resilience.events import EventLog, read_events
+from resilience.heartbeat import CKPT_IO, FORWARD_DONE, STEP_DONE, STEP_START
+from resilience.runtime import RankRuntime
+from resilience.strategies.commit import CheckpointDir
+from resilience.strategies.sync import SyncCheckpoint
+
+
+def rt(tmp_path, rank: int = 0) -> RankRuntime:
+    return RankRuntime(rank=rank, world_size=3, attempt=0, device=torch.device("cpu"), run_dir=tmp_path,
+                       ckpt_dir=tmp_path / "ckpt", events=EventLog(tmp_path, rank, 0))
+
+
+def test_process_exit_blames_the_signalled_rank_and_ignores_requested_restarts():
+    (d,) = ProcessExit().on_worker_failures({0: 1, 2: -9})
+    assert d.rank == 2 and "SIGKILL" in d.verdict
+    assert ProcessExit().on_worker_failures({0: RECOVERY_EXIT, 1: RECOVERY_EXIT}) == []
+
+
+def test_heartbeat_names_the_rank_with_least_progress():
+    hb = Heartbeat(heartbeat_s=2.0)
+    now = 100.0
+    # rank 1 stuck before its step-13 forward; ranks 0 and 2 got into step 13 and wait in the all-reduce
+    board = [(13, FORWARD_DONE, now - 2.5, 0.02), (12, STEP_DONE, now - 2.6, 0.02), (13, FORWARD_DONE, now - 2.5, 0.02)]
+    (d,) = hb.on_poll(board, now)
+    assert d.rank == 1 and d.abort and d.value["stuck_ranks"] == [1]
+
+
+def test_heartbeat_quiet_when_everyone_beats_or_someone_is_saving():
+    hb = Heartbeat(heartbeat_s=2.0, ckpt_io_s=60.0)
+    now = 100.0
+    fresh = [(13, STEP_START, now - 0.1, 0.02)] * 3
+    assert hb.on_poll(fresh, now) == []
+    # rank 0 has been inside a 30-second save after step index 14; its peers wait in step 15: not a hang
+    saving = [(14, CKPT_IO, now - 30, 0.02), (15, FORWARD_DONE, now - 29, 0.02), (15, FORWARD_DONE, now - 29, 0.02)]
+    assert hb.on_poll(saving, now) == []
+    too_slow = [(14, CKPT_IO, now - 61, 0.02), (15, FORWARD_DONE, now - 60, 0.02), (15, FORWARD_DONE, now - 60, 0.02)]
+    assert [d.rank for d in hb.on_poll(too_slow, now)] == [0]
+    starting = [(0, 0, 0.0, 0.0), (3, STEP_START, now - 50, 0.0), (3, STEP_START, now - 50, 0.0)]
+    assert hb.on_poll(starting, now) == []  # a rank still starting: nothing to compare yet
+
+
+def test_straggler_needs_a_sustained_ratio():
+    det = Straggler(factor=2.0, patience=3)
+    balanced = [(10, STEP_START, 1.0, 0.05), (10, STEP_START, 1.0, 0.06), (10, STEP_START, 1.0, 0.05)]
+    skewed = [(10, STEP_START, 1.0, 0.05), (10, STEP_START, 1.0, 0.16), (10, STEP_START, 1.0, 0.05)]
+    assert all(det.on_poll(balanced, 1.0) == [] for _ in range(5))
+    assert det.on_poll(skewed, 1.0) == [] and det.on_poll(skewed, 1.0) == []
+    (d,) = det.on_poll(skewed, 1.0)
+    assert d.rank == 1 and d.value == pytest.approx(3.2) and not d.abort
+    assert det.on_poll(skewed, 1.0) == []  # named once
+
+
+def test_collective_timeout_records_the_waiting_rank_and_blames_nobody(tmp_path):
+    det = CollectiveTimeout()
+    det.attach(rt(tmp_path, rank=2), None)
+    (d,) = det.on_exception(RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete"))
+    assert d.rank is None and d.value["waiting_rank"] == 2 and d.value["collective"] == "recv"
+    assert det.on_exception(RuntimeError("Connection closed by peer")) == []
+
+
+def test_nonfinite(tmp_path):
+    det = Nonfinite()
+    det.attach(rt(tmp_path, rank=1), None)
+    assert det.on_backward(3, 2.5, 1.0) == []
+    (d,) = det.on_backward(4, math.nan, 1.0)
+    assert d.rank == 1 and d.silent and d.rollback_to == 3
+    grads_only = Nonfinite()
+    grads_only.attach(rt(tmp_path, rank=0), None)
+    assert grads_only.on_backward(4, 2.5, math.inf)[0].rank is None  # reduced gradients: no culprit
+
+
+@pytest.mark.parametrize("cls", [LossSpike, GradNorm])
+def test_robust_z_ignores_a_falling_loss_and_catches_a_spike(tmp_path, cls):
+    det = cls(threshold=8.0, window=20, warmup=10)
+    det.attach(rt(tmp_path), None)
+    series = [5.0 * 0.97**i + 0.01 * ((-1) ** i) for i in range(40)]
+    observe = (lambda s, x: det.on_backward(s, x, None)) if cls is LossSpike else (lambda s, x: det.on_backward(s, 0.0, x))
+    assert [d for i, x in enumerate(series) for d in observe(i, x)] == []
+    (d,) = observe(40, 50.0)
+    assert d.silent and d.value["z"] > 8
+
+
+def test_fingerprint_sees_any_single_bit_and_names_the_odd_rank():
+    t = torch.randn(1000)
+    before = bit_sum([t])
+    t.view(torch.int32)[123] ^= 1  # the lowest mantissa bit
+    assert bit_sum([t]) != before
+    assert odd_ranks([(1, 2), (1, 3), (1, 2)]) == [1]
+    assert odd_ranks([(1, 2), (1, 3)]) == []  # two replicas: no majority, nobody named
+
+
+def test_gpu_health_reports_unavailable_without_a_gpu():
+    det = GpuHealth()
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this case is about CPU-only machines")
+    assert det.start() is not None
+    assert det.on_poll([], 1e9) == []
+
+
+def test_ckpt_integrity_skips_a_corrupt_checkpoint_for_the_previous(tmp_path, runs_root, reference):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(runs_root / "reference" / "ckpt", ckpt)
+    dirs = CheckpointDir(ckpt)
+    newest = dirs.newest_committed()
+    assert newest.step == 25 and dirs.manifest(newest)["crc32"]
+    runtime = rt(tmp_path)
+    det = CkptIntegrity()
+    det.attach(runtime, None)
+    strategy = SyncCheckpoint(every=5, keep=2)
+    strategy.attach(runtime)
+    assert strategy.choose().step == 25  # intact: the newest
+    data = sorted(newest.path.glob("*.distcp"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+    assert strategy.choose().step == 20  # corrupt: skipped for the previous good one
+    (event,) = [e for e in read_events(tmp_path) if e["kind"] == "fault_detected"]
+    assert event["detector"] == "ckpt_integrity" and event["step"] == 25
+
+
+@pytest.mark.timeout(240)
+def test_rollback_after_an_exponent_flip_is_bit_exact(tmp_path):
+    common = ("steps=20", "checkpoint.every=5", "world_size=3", "seed=0",
+              "detector=[process_exit,heartbeat,nonfinite,replica_fingerprint,ckpt_integrity]")
+    ref = run_experiment(tmp_path / "ref", "fault=none", *common)
+    hit = run_experiment(tmp_path / "hit", "fault=bitflip", "fault.target=weights", "fault.bit=exponent",
+                         "fault.rank=1", "fault.at_step=12", "recovery=rollback", *common)
+    assert hit["detected"] and hit["detector"] == "replica_fingerprint"
+    assert hit["detected_rank"] == 1 and hit["detected_rank_correct"]
+    assert hit["recovered"] and hit["lost_steps"] == 2
+    assert hit["final_state_sha256"] == ref["final_state_sha256"]
+
+
+@pytest.mark.timeout(240)
+def test_a_slow_save_is_not_a_hang_but_a_stall_is(tmp_path):
+    common = ("steps=12", "checkpoint.every=5", "world_size=2", "seed=0", "timeouts.heartbeat_s=1.5")
+    slow = run_experiment(tmp_path / "slow", "fault=slow_disk", "fault.mbps=2", *common)  # ~3 s saves
+    assert not [e for e in read_events(tmp_path / "slow") if e["kind"] == "fault_detected"]
+    assert slow["ckpt_durable_s"] > 1.5 and slow["status"] == "ok"
+    hang = run_experiment(tmp_path / "hang", "fault=hang", "fault.mode=stall", "fault.at_step=7", *common)
+    assert hang["detector"] == "heartbeat" and hang["detected_rank"] == 1 and hang["recovered"]
+
+
+def test_heartbeat_ignores_ranks_that_finished_training():
+    from resilience.heartbeat import FINISHED
+
+    hb = Heartbeat(heartbeat_s=1.0)
+    assert hb.on_poll([(30, FINISHED, 10.0, 0.02), (30, FINISHED, 10.0, 0.02)], 100.0) == []
