@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from resilience.experiment import run_experiment
 from resilience.fsio import atomic_write_bytes
 
 ALL = ["process_exit", "heartbeat", "collective_timeout", "nonfinite", "loss_spike", "grad_norm",
@@ -47,15 +45,6 @@ SCENARIOS: list[tuple[str, list[str], list[str]]] = [
 ]
 
 
-def run(run_dir: Path, overrides: list[str], detectors: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "resilience", *BASE, *overrides, f"detector=[{','.join(detectors)}]",
-           f"hydra.run.dir={run_dir}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[3:])} exited {done.returncode}: {done.stderr[-500:]}")
-    return json.loads((run_dir / "result.json").read_text())
-
-
 def rows_for(name: str, result: dict, detectors: list[str]) -> list[dict]:
     fired = result["detections"]
     if not result["fault_injected"]:
@@ -84,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.only and name not in args.only:
             continue
         print(f"[coverage] {name} ...", flush=True)
-        result = run(root / f"{i:02d}", overrides, detectors)
+        result = run_experiment(root / f"{i:02d}", [*BASE, *overrides, f"detector=[{','.join(detectors)}]"])
         rows += rows_for(name, result, detectors)
         caught = [r for r in rows if r["fault"] == name and r["detected"]]
         print(f"[coverage]   " + (", ".join(f"{r['detector']} {r['latency_s']} s (rank {r['blamed_rank']})"

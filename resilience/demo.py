@@ -6,20 +6,17 @@ step-10 checkpoint; the two final states must be bit-identical.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from resilience.experiment import run_experiment
 
 COMMON = ["strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed=0"]
 
 
 def run(run_dir: Path, *overrides: str) -> dict:
-    cmd = [sys.executable, "-m", "resilience", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
-    print("$ python -m resilience " + " ".join(cmd[3:]), flush=True)
-    subprocess.run(cmd, check=True)
-    return json.loads((run_dir / "result.json").read_text())
+    return run_experiment(run_dir, [*COMMON, *overrides], echo=True)
 
 
 def main() -> None:
