@@ -15,7 +15,7 @@ from pathlib import Path
 
 from resilience.experiment import run_experiment
 
-BASE = ["workload=gpt_tiny", "world_size=2", "seed=0", "checkpoint.every=10"]
+BASE = ["workload=gpt_tiny", "world_size=2", "checkpoint.every=10"]
 DEFAULT = "process_exit,heartbeat,collective_timeout,nonfinite,straggler,gpu_health,ckpt_integrity"
 
 
@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     root = Path(args.out) / time.strftime("%Y-%m-%d_%H-%M-%S")
 
-    kill = run_experiment(root / "kill", [*BASE, "steps=30", "fault=kill", "fault.at_step=13"])
+    kill = run_experiment(root / "kill", [*BASE, "seed=0", "steps=30", "fault=kill", "fault.at_step=13"])
     print(f"process exit: detected by {kill['detector']} in {kill['detection_latency_s']:.3f} s "
           f"(target <= 1 s), blamed rank {kill['detected_rank']} (injected {kill['fault_rank']})", flush=True)
-    hang = run_experiment(root / "hang", [*BASE, "steps=30", "fault=hang", "fault.at_step=13",
+    hang = run_experiment(root / "hang", [*BASE, "seed=0", "steps=30", "fault=hang", "fault.at_step=13",
                                           "timeouts.heartbeat_s=2"])
     print(f"hang (stall): detected by {hang['detector']} in {hang['detection_latency_s']:.3f} s "
           f"(target <= 2 + 1 s), blamed rank {hang['detected_rank']} (injected {hang['fault_rank']})", flush=True)
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     with_fp, without = [], []
     for i in range(args.pairs):
         for label, dets, sink in (("without", DEFAULT, without), ("with", DEFAULT + ",replica_fingerprint", with_fp)):
-            r = run_experiment(root / f"fp_{label}_{i}", [*BASE, "steps=100", f"detector=[{dets}]"])
+            r = run_experiment(root / f"fp_{label}_{i}", [*BASE, "seed=0", "steps=100", f"detector=[{dets}]"])
             sink.append(r["step_time_s"])
     a, b = statistics.median(without), statistics.median(with_fp)
     print(f"replica_fingerprint k=1: median step {b * 1e3:.2f} ms with, {a * 1e3:.2f} ms without: "

@@ -36,6 +36,10 @@ from resilience.strategies.sync import HookedWriter, SyncCheckpoint
 WHEN_BUSY = ("wait", "skip")
 
 
+class PersistError(RuntimeError):
+    """A background persist failed; raised in the training thread by the next ``save`` or by ``wait``."""
+
+
 def hooked_writer(rt: RankRuntime, path, step: int) -> HookedWriter:
     """DCP writer that fires ``during_checkpoint`` once this rank's shard is on disk (and honours a disk fault)."""
     return HookedWriter(path, rt.fault_hook, step, getattr(rt, "ckpt_fs", None))
@@ -127,8 +131,12 @@ class BackgroundCheckpoint(SyncCheckpoint):
         try:
             work()
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread through the future
-            self.rt.events.emit("ckpt_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500], fsync=True)
-            done.set_exception(exc)
+            error = f"{type(exc).__name__}: {exc}"
+            self.rt.events.emit("ckpt_failed", step=step, error=error[:500], fsync=True)
+            # DCP's CheckpointException is a BaseException, which the rank's error handling would not catch.
+            failure = PersistError(f"checkpoint of step {step} failed in the background: {error}")
+            failure.__cause__ = exc
+            done.set_exception(failure)
         else:
             done.set_result(step)
 
