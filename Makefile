@@ -1,13 +1,16 @@
 # Two commands do all set-up on a fresh machine; each creates or refreshes the project's virtual environment.
-#   make run    the main job (today: the demo experiment, a killed rank recovered and checked bit for bit)
+#   make run    the main job: the default benchmark matrix and its report (results/report/index.html)
 #   make test   the test suite (what CI runs, through .ci/run)
+#   make demo   one killed rank recovered and checked bit for bit (half a minute)
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH_INDEX ?=   # optional: a CPU-only torch wheel index, used before everything else is installed
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv clean
+CORES  ?= 2
+
+.PHONY: run test demo venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +23,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES)
+	@echo "report: results/report/index.html"
+
+demo: $(STAMP)
 	$(PY) -m resilience.demo
 
 test: $(STAMP)

@@ -1,0 +1,141 @@
+"""The benchmark pipeline: probe the machine, run every cell of a matrix, aggregate, project to scale, report.
+
+    snakemake --cores 2                          # default matrix -> results/report/index.html
+    snakemake --cores 2 --config matrix=smoke    # another conf/matrix/<name>.yaml (or a path to one)
+    snakemake --cores 2 --config results=/tmp/r  # somewhere else than results/
+    snakemake --report results/snakemake-report.zip
+
+Each cell is one `python -m resilience` run in results/runs/<cell>/; its done.json (written last) records how it
+ended, so a failed or invalid cell is kept and reported instead of stopping the pipeline. docs/pipeline.md has
+the details, the matrix format and the SLURM profile.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from reports.matrix import MatrixError, load_matrix
+
+try:
+    MATRIX = load_matrix(str(config.get("matrix", "default")))
+except MatrixError as exc:  # one line naming the key, not a traceback
+    sys.exit(f"error: {exc}")
+RESULTS = str(config.get("results", "results")).rstrip("/")
+ENV = "workflow/envs/bench.yaml"
+CAPTIONS = "reports/captions"
+REPORT_CODE = sorted(str(p) for p in [*Path("reports").glob("*.py"), *Path(CAPTIONS).glob("*.rst")])
+FIGURES = ["recovery_breakdown", "ckpt_overhead", "detection", "timeline"]
+TABLES = ["headline_strategies", "headline_faults", "recovery_breakdown", "ckpt_overhead", "detection", "timeline",
+          "environment", "inventory"]
+PROJECTION_FIGURES = ["goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap"]
+
+# `python` in every rule is the interpreter running Snakemake (the project's venv), activated or not.
+os.environ.update(PATH=os.pathsep.join([str(Path(config.get("python", sys.executable)).parent),
+                                        os.environ.get("PATH", "")]))
+
+
+wildcard_constraints:
+    cell=r"[A-Za-z0-9_.=-]+",
+
+
+rule all:
+    input:
+        f"{RESULTS}/report/index.html",
+    default_target: True
+
+
+rule probe:
+    """Physical limits of this machine (disk and memory bandwidth, rank start cost) and its environment."""
+    output:
+        limits=f"{RESULTS}/limits.json",
+        environment=f"{RESULTS}/environment.json",
+    log:
+        f"{RESULTS}/logs/probe.log",
+    threads: lambda wc: workflow.cores  # alone on the machine: a bandwidth measured beside a training run means nothing
+    resources:
+        runtime=15,
+    conda:
+        ENV
+    shell:
+        "python -m reports.limits {output.limits:q} {output.environment:q} > {log:q} 2>&1"
+
+
+rule run:
+    """One cell: `python -m resilience <overrides> hydra.run.dir=results/runs/<cell>`, its outcome in done.json."""
+    output:
+        f"{RESULTS}/runs/{{cell}}/done.json",
+    log:
+        f"{RESULTS}/logs/run/{{cell}}.log",
+    params:
+        spec=lambda wc: MATRIX.cell(wc.cell).job_spec(),
+    threads: lambda wc: MATRIX.cell(wc.cell).world_size  # one process per rank
+    resources:
+        mem_mb=lambda wc: 1500 * MATRIX.cell(wc.cell).world_size + 1000,
+        runtime=MATRIX.runtime_min,
+    conda:
+        ENV
+    shell:
+        "python -m reports.cell {output:q} {params.spec:q} --timeout-min {resources.runtime} > {log:q} 2>&1"
+
+
+rule aggregate:
+    """One row per cell: every result.json field (dotted names), the cell's parameters, its state, bit-exactness."""
+    input:
+        done=[f"{RESULTS}/runs/{c.name}/done.json" for c in MATRIX.cells],
+        matrix=MATRIX.source,
+        code="reports/aggregate.py",
+    output:
+        csv=f"{RESULTS}/summary.csv",
+    log:
+        f"{RESULTS}/logs/aggregate.log",
+    conda:
+        ENV
+    shell:
+        "python -m reports.aggregate {input.matrix:q} {output.csv:q} {input.done:q} > {log:q} 2>&1"
+
+
+rule project:
+    """Measured costs projected to cluster scale by `python -m resilience.projection` (model output, labelled so)."""
+    input:
+        summary=f"{RESULTS}/summary.csv",
+    output:
+        status=f"{RESULTS}/projection/projection_status.json",
+        summary=f"{RESULTS}/projection/projection_summary.csv",
+        figures=[
+            report(f"{RESULTS}/projection/projection_{name}.png", caption=f"{CAPTIONS}/projection.rst",
+                   category="Projection (model output)", labels={"figure": name})
+            for name in PROJECTION_FIGURES
+        ],
+    log:
+        f"{RESULTS}/logs/project.log",
+    conda:
+        ENV
+    shell:
+        "python -m reports.project {input.summary:q} {output.status:q} > {log:q} 2>&1"
+
+
+rule report:
+    """results/report/index.html: one self-contained file; every figure's data also as CSV beside it."""
+    input:
+        summary=f"{RESULTS}/summary.csv",
+        limits=f"{RESULTS}/limits.json",
+        environment=f"{RESULTS}/environment.json",
+        projection=f"{RESULTS}/projection/projection_status.json",
+        code=REPORT_CODE,
+    output:
+        html=report(f"{RESULTS}/report/index.html", category="Report", labels={"file": "index.html"}),
+        figures=[
+            report(f"{RESULTS}/report/fig_{name}.png", caption=f"{CAPTIONS}/{name}.rst", category="Measured",
+                   labels={"figure": name})
+            for name in FIGURES
+        ],
+        tables=[f"{RESULTS}/report/{name}.csv" for name in TABLES],
+    params:
+        matrix=MATRIX.source,
+    log:
+        f"{RESULTS}/logs/report.log",
+    conda:
+        ENV
+    shell:
+        "python -m reports {input.summary:q} --matrix {params.matrix:q} --limits {input.limits:q} "
+        "--environment {input.environment:q} --projection {input.projection:q} --out {output.html:q} > {log:q} 2>&1"

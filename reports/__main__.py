@@ -1,0 +1,50 @@
+"""``python -m reports SUMMARY_CSV --out results/report/index.html [...]``: render the report from the summary.
+
+The other inputs are optional, so that a report can be rendered from any summary.csv: ``--matrix`` (the matrix it
+came from, for the header), ``--limits`` and ``--environment`` (from the probe rule; absent: "not probed"),
+``--projection`` (the projection's status JSON; absent: the section says it was not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from reports.matrix import MatrixError, load_matrix
+from reports.render import render
+
+
+def _json(path: Path | None) -> dict:
+    return json.loads(path.read_text()) if path and path.exists() else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
+    parser.add_argument("summary", type=Path, help="summary.csv written by python -m reports.aggregate")
+    parser.add_argument("--out", type=Path, required=True, help="the index.html to write (figures go beside it)")
+    parser.add_argument("--matrix", help="matrix name or YAML path (header only)")
+    parser.add_argument("--limits", type=Path)
+    parser.add_argument("--environment", type=Path)
+    parser.add_argument("--projection", type=Path, help="projection_status.json of python -m reports.project")
+    args = parser.parse_args(argv)
+    info = {"name": args.matrix or "unknown", "source": args.matrix or "-", "description": ""}
+    if args.matrix:
+        try:
+            m = load_matrix(args.matrix)
+            info = {"name": m.name, "source": m.source, "description": m.description}
+        except MatrixError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    summary = pd.read_csv(args.summary) if args.summary.stat().st_size > 1 else pd.DataFrame()
+    limits = _json(args.limits) or {"probed": False, "reason": "no limits file"}
+    out = render(summary, args.out, info, limits, _json(args.environment), args.projection)
+    print(f"report: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

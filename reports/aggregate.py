@@ -1,0 +1,110 @@
+"""``python -m reports.aggregate MATRIX SUMMARY_CSV DONE_JSON...``: one row per cell, in the matrix's order.
+
+A row holds the cell's name and parameters (``cell.*``), how its job ended (``state``, ``exit_code``, ``error``,
+``error_detail``, ``elapsed_s``, ``run_dir``), every field of its ``result.json`` flattened with dotted names
+(``recovery_breakdown_s.load``, ``limits.disk_write_MBps``; absent for cells without a result), and
+``matches_reference``: whether its final state equals, bit for bit, that of the fault-free reference run of its
+(workload, world_size, steps, seed) — empty when either run has no final state. SUMMARY_CSV is written atomically;
+a Parquet copy beside it when pyarrow is installed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from reports.matrix import Matrix, MatrixError, load_matrix
+from resilience.fsio import atomic_write_bytes
+
+JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s")
+
+
+def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": "[1, 2]"}`` (lists as JSON text: one value per cell)."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, list):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
+    """The summary table of the cells whose done.json files are given (matrix order; other cells are errors)."""
+    by_cell: dict[str, Path] = {}
+    for path in map(Path, done_files):
+        done = json.loads(path.read_text())
+        matrix.cell(done["cell"])  # a done.json of a cell that is not in this matrix is a pipeline bug
+        by_cell[done["cell"]] = path
+    rows = []
+    for cell in matrix.cells:
+        if cell.name not in by_cell:
+            continue
+        path = by_cell[cell.name]
+        done = json.loads(path.read_text())
+        row: dict[str, Any] = {"cell": cell.name, **{k: done.get(k) for k in JOB_FIELDS},
+                               "run_dir": str(path.parent), "is_reference": cell.is_reference,
+                               "reference_cell": cell.reference, **cell.columns()}
+        result_path = path.parent / "result.json"
+        if result_path.exists():
+            row.update(flatten(json.loads(result_path.read_text())))
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    if "final_state_sha256" not in frame:
+        frame["final_state_sha256"] = None
+    sha = {r.cell: r.final_state_sha256 for r in frame.itertuples() if isinstance(r.final_state_sha256, str)}
+    frame.insert(frame.columns.get_loc("reference_cell") + 1, "matches_reference", [
+        (own == sha[ref]) if isinstance(own, str) and ref in sha else None
+        for own, ref in zip(frame["final_state_sha256"], frame["reference_cell"])
+    ])
+    frame["matches_reference"] = frame["matches_reference"].astype("object")
+    return frame
+
+
+def write(frame: pd.DataFrame, csv_path: Path) -> list[Path]:
+    """Write the CSV (and a Parquet copy if pyarrow is importable) atomically; returns the paths written."""
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
+    written = [csv_path]
+    try:
+        import pyarrow  # noqa: F401  (optional dependency)
+    except ImportError:
+        print("pyarrow is not installed: no summary.parquet", flush=True)
+        return written
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    parquet = csv_path.with_suffix(".parquet")
+    atomic_write_bytes(parquet, buf.getvalue())
+    return written + [parquet]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2:
+        print("usage: python -m reports.aggregate MATRIX SUMMARY_CSV DONE_JSON...", file=sys.stderr)
+        return 2
+    try:
+        matrix = load_matrix(args[0])
+        frame = summarize(matrix, args[2:])
+    except MatrixError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = write(frame, Path(args[1]))
+    states = frame["state"].value_counts().to_dict() if not frame.empty else {}
+    print(f"{len(frame)} cells of matrix {matrix.name}: {states}; wrote {', '.join(map(str, paths))}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

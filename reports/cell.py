@@ -1,0 +1,212 @@
+"""``python -m reports.cell DONE_JSON JOB_SPEC``: run one matrix cell and record how it ended, whatever happened.
+
+The run directory is DONE_JSON's folder. A stale run there (an interrupted job) is cleared first, because
+``python -m resilience`` refuses a directory that already holds a run. The experiment's exit status becomes a state
+in ``done.json``, written atomically and last, so that the file exists only for a cell that really finished:
+
+=========== ============================================================================================
+state       meaning
+=========== ============================================================================================
+ok          exit 0, result status "ok"
+unrecovered exit 0, result status "unrecovered" (the harness worked; the fault won)
+failed      exit 1 (harness failure), a crash, or the time limit; ``error`` holds the last log lines
+invalid     exit 2: a configuration error; ``error`` holds its one line
+=========== ============================================================================================
+
+This command exits 0 in all four cases, so that one bad cell never stops the pipeline. It exits non-zero (and
+writes no ``done.json``) only when it is interrupted itself; the cell then runs again on the next invocation.
+Rank processes never outlive it: on timeout or interruption the supervisor's process group is stopped, then any
+process still naming the run's config file is killed. ``RB_KEEP_CHECKPOINTS=1`` keeps the checkpoint files
+(removed by default after the run: results come from the event log, and checkpoints fill disks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Sequence
+
+from resilience.fsio import atomic_write_json
+
+TAIL_LINES = 12
+GRACE_S = 10.0  # SIGTERM -> SIGKILL: the supervisor needs a moment to stop its ranks
+NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")  # Hydra's footer, not the cause
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: Sequence[str] | None = None,
+             keep_checkpoints: bool = False) -> dict[str, Any]:
+    """Run the cell (``command`` replaces ``python -m resilience`` in tests); write and return its done record."""
+    run_dir = done_path.parent.resolve()
+    clear_run_dir(run_dir)
+    cmd = list(command or experiment_command(spec["overrides"], run_dir))
+    print(f"[cell] {spec['cell']}\n[cell] $ {' '.join(cmd)}", flush=True)
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    tails = {"stdout": deque(maxlen=TAIL_LINES), "stderr": deque(maxlen=TAIL_LINES)}
+    readers = [threading.Thread(target=_pump, args=(getattr(proc, name), tails[name]), daemon=True)
+               for name in tails]
+    for t in readers:
+        t.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:  # also on Interrupted: nothing of the run may outlive this command
+        stop(proc, run_dir)
+        for t in readers:
+            t.join(timeout=5)
+    record = {
+        "cell": spec["cell"], "overrides": spec["overrides"], "command": cmd, "host": socket.gethostname(),
+        "started": started, "elapsed_s": time.time() - started, "exit_code": proc.returncode,
+        **classify(run_dir, proc.returncode, timed_out, timeout_s, list(tails["stderr"]), list(tails["stdout"])),
+    }
+    if not keep_checkpoints and (run_dir / "ckpt").is_dir():
+        shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
+    atomic_write_json(done_path, record)
+    print(f"[cell] {record['state']}" + (f": {record['error']}" if record["error"] else ""), flush=True)
+    return record
+
+
+def experiment_command(overrides: Sequence[str], run_dir: Path) -> list[str]:
+    # Quoted: a cell name may hold "=", which Hydra's override grammar reads as a second assignment.
+    return [sys.executable, "-m", "resilience", *overrides, f"hydra.run.dir='{run_dir}'"]
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove whatever an interrupted earlier attempt left, keeping the (empty) directory."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        print(f"[cell] clearing stale run directory {run_dir}", flush=True)
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def classify(run_dir: Path, code: int | None, timed_out: bool, timeout_s: float, stderr: list[str],
+             stdout: list[str]) -> dict[str, Any]:
+    """State, result status and error text of a finished experiment command."""
+    result_path = run_dir / "result.json"
+    status = json.loads(result_path.read_text()).get("status") if result_path.exists() else None
+    if timed_out:
+        return {"state": "failed", "result_status": status, "error": f"time limit of {timeout_s:.0f} s reached",
+                "error_detail": _detail(run_dir, stderr, stdout)}
+    if code == 0 and status in ("ok", "unrecovered"):
+        return {"state": status, "result_status": status, "error": None, "error_detail": None}
+    if code == 2:
+        line = next((s for s in reversed(stderr) if s.strip()), "configuration error (no message)")
+        return {"state": "invalid", "result_status": status, "error": line.strip(), "error_detail": "\n".join(stderr)}
+    if code is not None and code < 0:
+        why = f"killed by {signal.Signals(-code).name}"
+    elif code == 0:
+        why = f"exit 0 but result status {status!r}"
+    else:
+        why = f"harness failure (exit {code})" + (f", result status {status!r}" if status else ", no result.json")
+    last = next((s.strip() for s in reversed(stderr + stdout) if s.strip() and not s.startswith(NOISE)), "")
+    return {"state": "failed", "result_status": status, "error": why + (f": {last}" if last else ""),
+            "error_detail": _detail(run_dir, stderr, stdout)}
+
+
+def _detail(run_dir: Path, stderr: list[str], stdout: list[str]) -> str:
+    """The last lines of every log a reader would open to find out why: console, supervisor.log, rank logs."""
+    parts = [("console (stdout)", stdout), ("console (stderr)", stderr)]
+    for path in [run_dir / "supervisor.log", *sorted((run_dir / "logs").glob("rank*.log"))]:
+        if path.exists():
+            lines = [s for s in path.read_text(errors="replace").splitlines() if s.strip()]
+            parts.append((str(path.relative_to(run_dir)), lines[-TAIL_LINES:]))
+    return "\n".join(f"--- {name}\n" + "\n".join(lines) for name, lines in parts if lines)
+
+
+def _pump(stream, tail: deque) -> None:
+    """Copy a child's output line by line into this command's log (progress stays visible) and keep its tail."""
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail.append(line.rstrip("\n"))
+
+
+def stop(proc: subprocess.Popen, run_dir: Path) -> None:
+    """End the experiment's process group, then any rank process of this run that escaped it (own session)."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    _signal_group(proc.pid, signal.SIGKILL)  # helpers the supervisor left in its group
+    marker = str(run_dir / "config.yaml")
+    deadline = time.monotonic() + GRACE_S
+    while (pids := processes_mentioning(marker)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live (non-zombie) processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports.cell", description=__doc__.splitlines()[0])
+    parser.add_argument("done", type=Path, help="the done.json to write; its folder is the run directory")
+    parser.add_argument("spec", help='JSON: {"cell": NAME, "overrides": [...]}')
+    parser.add_argument("--timeout-min", type=float, default=20.0, help="time limit of the experiment (minutes)")
+    args = parser.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupted)
+    # Under SLURM, end a little before the job's own limit, so that the cell is recorded rather than cut off.
+    timeout_s = max(60.0, args.timeout_min * 60 - 30)
+    keep = os.environ.get("RB_KEEP_CHECKPOINTS", "") not in ("", "0")
+    try:
+        run_cell(args.done, json.loads(args.spec), timeout_s, keep_checkpoints=keep)
+    except Interrupted as exc:
+        print(f"[cell] interrupted ({exc}); the cell will run again next time", flush=True)
+        return 128 + exc.signum
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""``python -m reports.limits LIMITS_JSON ENVIRONMENT_JSON``: the machine's physical limits and its environment.
+
+Limits (disk write/read and memory copy bandwidth, the cost of starting a rank) come from
+``python -m resilience.probe --dir <LIMITS_JSON's folder> --out LIMITS_JSON`` when that module exists; without
+it, or when it fails, LIMITS_JSON is ``{"probed": false, "reason": ...}`` and the report says "not probed".
+The environment (CPU, GPU, memory, library versions) is read here, on the machine that runs the cells.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from resilience.fsio import atomic_write_json
+
+PROBE_MODULE = "resilience.probe"
+PROBE_TIMEOUT_S = 600
+
+
+def probe_limits(out: Path) -> dict[str, Any]:
+    """Run the core's probe into ``out``; on absence or failure write (and return) ``{"probed": false, ...}``."""
+    if importlib.util.find_spec(PROBE_MODULE) is None:
+        limits = {"probed": False, "reason": f"{PROBE_MODULE} is not available in this version"}
+    else:
+        # --dir: the file system the runs' checkpoints go to (the results directory).
+        cmd = [sys.executable, "-m", PROBE_MODULE, "--dir", str(out.parent), "--out", str(out)]
+        print("$ " + " ".join(cmd), flush=True)
+        try:
+            done = subprocess.run(cmd, timeout=PROBE_TIMEOUT_S)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+        if code == 0 and out.exists():
+            limits = json.loads(out.read_text())
+            limits.setdefault("probed", True)
+        else:
+            limits = {"probed": False, "reason": f"{PROBE_MODULE} failed (exit {code}); see the probe log"}
+    atomic_write_json(out, limits)
+    return limits
+
+
+def environment() -> dict[str, Any]:
+    """Where the numbers come from: host, CPU, memory, GPU, and the versions that shape performance."""
+    env: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_GiB": _memory_gib(),
+    }
+    for package in ("torch", "hydra-core", "snakemake", "pandas", "seaborn"):
+        try:
+            env[f"{package}_version"] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            env[f"{package}_version"] = None
+    try:
+        import torch
+
+        env["gpu_count"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        env["gpu_model"] = torch.cuda.get_device_name(0) if env["gpu_count"] else None
+        env["cuda_version"] = torch.version.cuda
+    except Exception as exc:  # the environment is informative; it must not fail the pipeline
+        env["gpu_error"] = f"{type(exc).__name__}: {exc}"
+    return env
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m reports.limits LIMITS_JSON ENVIRONMENT_JSON", file=sys.stderr)
+        return 2
+    limits_path, env_path = Path(args[0]), Path(args[1])
+    limits_path.parent.mkdir(parents=True, exist_ok=True)
+    env_path.parent.mkdir(parents=True, exist_ok=True)
+    limits = probe_limits(limits_path)
+    print(f"limits: {json.dumps(limits, sort_keys=True)}", flush=True)
+    env = environment()
+    atomic_write_json(env_path, env)
+    print(f"environment: {json.dumps(env, sort_keys=True)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The benchmark matrix: ``conf/matrix/<name>.yaml`` expanded into cells, one experiment each.
+
+A pure function of the YAML (and of the option files in ``conf/``), used by the Snakefile, the aggregation and the
+tests alike. A matrix file holds::
+
+    axes:        every axis in AXES, each a non-empty list (fault entries: ``none`` or {name: kill, phase: ...})
+    exclude:     [{axis or fault.<param>: value or [values]}, ...]   cells matching all keys of one entry are dropped
+    reference:   {strategy: none}                                    the fault-free run every cell is compared with
+    overrides:   {recovery: restart, ...}                            extra Hydra overrides for every cell
+    runtime_min: 20                                                  time limit of one cell (minutes)
+
+A cell's name encodes all its axis values, so adding a value to an axis adds cells but never renames (and so never
+reruns) the existing ones. Every bad entry raises :class:`MatrixError` with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_excludes,
+                                 parse_overrides, parse_reference)
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+MATRIX_DIR = CONF_DIR / "matrix"
+TOP_KEYS = ("description", "axes", "exclude", "reference", "overrides", "runtime_min")
+GROUP_KEY = ("workload", "world_size", "steps", "seed")  # cells that share these share one reference run
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One experiment: its safe name, axis values, Hydra overrides, and the name of its reference cell."""
+
+    name: str
+    values: dict[str, Any]
+    overrides: tuple[str, ...]
+    reference: str
+
+    @property
+    def is_reference(self) -> bool:
+        return self.name == self.reference
+
+    @property
+    def world_size(self) -> int:
+        return int(self.values["world_size"])
+
+    def job_spec(self) -> str:
+        """What the run rule needs, as JSON: stable for a given name, so that it never triggers a rerun by itself."""
+        return json.dumps({"cell": self.name, "overrides": list(self.overrides)}, sort_keys=True)
+
+    def columns(self) -> dict[str, Any]:
+        """The cell's parameters as flat ``cell.*`` columns of the summary table."""
+        fault: Fault = self.values["fault"]
+        out: dict[str, Any] = {f"cell.{k}": v for k, v in self.values.items() if k not in ("fault", "detectors")}
+        out["cell.fault"] = fault.name
+        out["cell.fault_label"] = fault.label
+        out.update({f"cell.fault.{k}": v for k, v in fault.params.items()})
+        out["cell.detectors"] = "+".join(self.values["detectors"])
+        return out
+
+
+@dataclass(frozen=True)
+class Matrix:
+    name: str
+    source: str  # the YAML file, as given (relative to the working directory when it was found in conf/)
+    description: str
+    cells: list[Cell]
+    runtime_min: int
+
+    @property
+    def by_name(self) -> dict[str, Cell]:
+        return {c.name: c for c in self.cells}
+
+    def cell(self, name: str) -> Cell:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise MatrixError(f"cell {name}: not in matrix {self.name}") from None
+
+
+def available(matrix_dir: Path = MATRIX_DIR) -> list[str]:
+    return sorted(p.stem for p in matrix_dir.glob("*.yaml"))
+
+
+def find(name_or_path: str, matrix_dir: Path = MATRIX_DIR) -> Path:
+    """``smoke`` -> conf/matrix/smoke.yaml; a path to a YAML file is taken as is."""
+    candidate = matrix_dir / f"{name_or_path}.yaml"
+    if SAFE.fullmatch(name_or_path) and candidate.is_file():
+        return candidate
+    if Path(name_or_path).is_file():
+        return Path(name_or_path)
+    raise MatrixError(f"matrix={name_or_path}: no such matrix; allowed: {', '.join(available(matrix_dir))} "
+                      f"or a path to a YAML file")
+
+
+def load_matrix(name_or_path: str, conf_dir: Path = CONF_DIR) -> Matrix:
+    """Read and expand a matrix by name (conf/matrix/<name>.yaml) or path."""
+    path = find(name_or_path, conf_dir / "matrix")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise MatrixError(f"matrix {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    resolved, cwd = path.resolve(), Path.cwd().resolve()
+    source = str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(resolved)
+    return expand(spec, name=path.stem, source=source, conf_dir=conf_dir)
+
+
+def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = CONF_DIR) -> Matrix:
+    """All cells of a matrix spec (the parsed YAML): the product of the axes, minus exclusions, plus references."""
+    where = f"matrix {name}"
+    if not isinstance(spec, dict):
+        raise MatrixError(f"{where}: must be a mapping with keys {', '.join(TOP_KEYS)}")
+    for key in spec:
+        if key not in TOP_KEYS:
+            raise MatrixError(f"{where}: {key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
+    axes = parse_axes(spec.get("axes"), where, conf_dir)
+    excludes = parse_excludes(spec.get("exclude") or [], axes, where, conf_dir)
+    extra = parse_overrides(spec.get("overrides") or {}, where)
+    ref_strategy = parse_reference(spec.get("reference") or {"strategy": "none"}, where, conf_dir)
+    runtime = spec.get("runtime_min", 20)
+    if isinstance(runtime, bool) or not isinstance(runtime, int) or runtime < 1:
+        raise MatrixError(f"{where}: runtime_min={runtime}: must be an integer >= 1 (minutes)")
+
+    combos = [dict(zip(AXES, values)) for values in itertools.product(*(axes[a] for a in AXES))]
+    combos = [v for v in combos if not any(matches(v, ex) for ex in excludes)]
+    cells: list[Cell] = []
+    for _, group in itertools.groupby(sorted(combos, key=_group), key=_group):
+        group = list(group)
+        ref = next((v for v in group if v["strategy"] == ref_strategy and v["fault"].name == "none"), None)
+        if ref is None:  # the fault-free reference is part of every matrix, excluded or not
+            ref = {**group[0], "strategy": ref_strategy, "fault": next(f for f in axes["fault"] if f.name == "none")}
+            group.insert(0, ref)
+        ref_name = _name(ref)
+        ordered = [ref] + [v for v in group if v is not ref]
+        cells += [Cell(_name(v), v, tuple(_cell_overrides(v, extra)), ref_name) for v in ordered]
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        if c.name in seen:
+            raise MatrixError(f"{where}: cell {c.name}: two cells share this name; give fault entries distinct labels")
+        seen[c.name] = c
+    return Matrix(name, source, str(spec.get("description", "")).strip(), cells, runtime)
+
+
+def _group(values: dict[str, Any]) -> tuple:
+    return tuple(values[k] for k in GROUP_KEY)
+
+
+def _name(v: dict[str, Any]) -> str:
+    parts = [v["workload"], v["strategy"], v["fault"].label, ".".join(v["detectors"]),
+             f"every{v['checkpoint.every']}", f"ws{v['world_size']}", f"steps{v['steps']}", f"seed{v['seed']}"]
+    return "-".join(str(p) for p in parts)
+
+
+def _cell_overrides(v: dict[str, Any], extra: list[str]) -> list[str]:
+    fault: Fault = v["fault"]
+    return [f"workload={v['workload']}", f"strategy={v['strategy']}", *fault.overrides(),
+            f"detector=[{','.join(v['detectors'])}]", f"checkpoint.every={v['checkpoint.every']}",
+            f"world_size={v['world_size']}", f"steps={v['steps']}", f"seed={v['seed']}", *extra]
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        m = load_matrix(sys.argv[1] if len(sys.argv) > 1 else "default")
+    except MatrixError as exc:
+        sys.exit(f"error: {exc}")
+    for c in m.cells:
+        print(("* " if c.is_reference else "  ") + c.name)
+    print(f"{len(m.cells)} cells in matrix {m.name} (* = reference run)")

@@ -1,0 +1,71 @@
+"""The report's Methods section: every metric in plain words, as ``resilience.metrics`` computes it.
+
+Keep this in step with ``resilience/metrics.py`` (one definition per metric, computed from ``events.jsonl``) and
+with the derived columns of ``reports.aggregate`` and ``reports.tables``. Times are seconds on one host's monotonic
+clock; "rank 0" means the numbers come from rank 0's events.
+"""
+
+from __future__ import annotations
+
+# (metric, definition) in the order a reader meets them in the report.
+RESULT_METRICS: list[tuple[str, str]] = [
+    ("status", "ok: every step ran and every rank reported its final state; unrecovered: a fault was injected and "
+               "the supervisor gave up (restart budget exhausted, or recovery=fail); error: the harness itself "
+               "failed."),
+    ("attempts", "How many times the group of ranks was started: 1 + the number of restarts."),
+    ("steps_completed", "The last training step rank 0 finished in the final attempt."),
+    ("wall_time_s", "From the supervisor's launch to its end: process start, rendezvous, every attempt, shutdown."),
+    ("step_time_s", "Median duration of rank 0's training steps (forward, backward, optimizer step), all attempts."),
+    ("ckpt_count", "Checkpoints rank 0 recorded as durable, over all attempts."),
+    ("ckpt_stall_s", "Checkpoint stall: median time from the start of a checkpoint until training may continue "
+                     "(what every checkpoint costs the training loop)."),
+    ("ckpt_durable_s", "Time until durable: median time from the start of a checkpoint until it is committed and "
+                       "usable for recovery. Equal to the stall for a blocking save; longer for one that persists "
+                       "in the background."),
+    ("ckpt_bytes", "Median size of a durable checkpoint, all shards together."),
+    ("fault_injected, fault_step, fault_rank", "Whether, at which step and on which rank the planned fault fired "
+                                               "(its record is written before the fault acts)."),
+    ("detected, detector, detected_rank", "Whether a detector reported a fault at or after the injection; the first "
+                                          "such report names the detector and the rank it blamed."),
+    ("detection_latency_s", "From the fault's injection to that first detection."),
+    ("false_alarms", "Detections before the fault was injected (in a fault-free run: every detection)."),
+    ("recovered", "The run ended ok and training resumed after the fault."),
+    ("recovery_time_s", "From the fault's injection until rank 0 is back at the step where the fault hit "
+                        "(event resumed): the training progress is regained."),
+    ("recovery_breakdown_s.detect", "Injection to detection (the detection latency)."),
+    ("recovery_breakdown_s.restart", "Detection to rank 0's start in the new attempt: tearing the old group down, "
+                                     "relaunching the processes, rendezvous, process group set-up."),
+    ("recovery_breakdown_s.load", "The new attempt's start to its checkpoint being loaded (zero when there was no "
+                                  "checkpoint to load and training restarted from step 0)."),
+    ("recovery_breakdown_s.replay", "Checkpoint loaded to back at the fault's step: recomputing the lost steps."),
+    ("lost_steps", "The fault's step minus the step of the checkpoint the new attempt loaded (minus 0 when it "
+                   "started from scratch): work done twice."),
+    ("goodput", "Productive step time over wall time: the durations of all training steps, each step counted "
+                "once, from the attempt whose result survived (a replayed step replaces the lost one), divided by "
+                "wall_time_s. Start-up, checkpoint stalls, recovery and lost work all lower it; in these short "
+                "runs process start-up dominates, so compare strategies, not absolute values."),
+    ("final_state_sha256", "SHA-256 of rank 0's final training state (model, optimizer, data position, RNG)."),
+    ("replicas_agree", "Every rank ended with the same final state hash."),
+]
+
+DERIVED_METRICS: list[tuple[str, str]] = [
+    ("matches_reference (bit-exact)", "The run's final state hash equals that of the fault-free reference run "
+                                      "with the same workload, world size, steps and seed. A recovered run that "
+                                      "matches lost no update and replayed every step exactly. Empty when either "
+                                      "run has no final state (unrecovered, failed)."),
+    ("write bandwidth", "ckpt_bytes / ckpt_durable_s, per run, in MB/s (10^6 bytes); the table shows the median "
+                        "over runs, and its share of the probed disk write bandwidth of this machine."),
+    ("checkpoint overhead", "ckpt_stall_s / (checkpoint.every x step_time_s): the stall as a share of the "
+                            "training time between two checkpoints."),
+    ("detection coverage", "Of the runs with a given fault and a given detector configured, the share in which "
+                           "that detector was the first to report the fault."),
+    ("ratios to sync", "Each value divided by the sync strategy's value for the same column (and fault): below "
+                       "1 is less time (or fewer steps) than sync, above 1 more."),
+    ("state (pipeline)", "ok or unrecovered: the harness worked (exit 0); failed: harness failure (exit 1), a "
+                         "crash or the time limit; invalid: the configuration was rejected (exit 2)."),
+]
+
+AGGREGATION = ("Tables show the median over a cell group's runs (seeds and, where not broken out, checkpoint "
+               "intervals) of runs in state ok; unrecovered runs count only for bit-exactness (they have none) and "
+               "the inventory. Medians, not means, because a single slow start-up on a shared machine would "
+               "otherwise move a mean of two or three runs.")

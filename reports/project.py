@@ -1,0 +1,77 @@
+"""``python -m reports.project SUMMARY_CSV STATUS_JSON``: measured costs projected to cluster scale.
+
+Runs ``python -m resilience.projection measured_csv=SUMMARY_CSV output_dir=<STATUS_JSON's folder>`` (figures and
+CSVs named ``projection_*``; see docs/projection.md). The projection is a model, not a measurement: it is labelled
+so wherever it appears. If it cannot run (e.g. no strategy in the matrix saved a checkpoint), STATUS_JSON records
+why and each expected figure is replaced by one that says so, so that the report still renders and tells the reader.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from resilience.fsio import atomic_write_bytes, atomic_write_json  # noqa: E402
+from resilience.projection.outputs import write_png  # noqa: E402
+
+FIGURES = ("goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap")
+TABLES = ("summary",)
+TIMEOUT_S = 600
+
+
+def project(summary_csv: Path, status_json: Path) -> dict:
+    """Run the projection into ``status_json``'s folder; always leaves every expected file there."""
+    out_dir = status_json.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "resilience.projection", f"measured_csv={summary_csv.resolve()}",
+           f"output_dir={out_dir.resolve()}", f"hydra.run.dir={(out_dir / 'hydra').resolve()}"]
+    print("$ " + " ".join(cmd), flush=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired:
+        code, out, err = None, "", f"timed out after {TIMEOUT_S} s"
+    print(out + err, flush=True)
+    missing = [n for n in FIGURES if not (out_dir / f"projection_{n}.png").exists()]
+    missing += [f"projection_{n}.csv" for n in TABLES if not (out_dir / f"projection_{n}.csv").exists()]
+    ok = code == 0 and not missing
+    reason = None
+    if not ok:
+        last = next((s for s in reversed((err or out).splitlines()) if s.strip()), "")
+        reason = f"exit {code}: {last}" if code != 0 else f"missing outputs: {', '.join(missing)}"
+        for name in FIGURES:  # also over stale figures of an earlier run: they would not match these data
+            _placeholder(out_dir / f"projection_{name}.png", name, reason)
+        for name in TABLES:
+            atomic_write_bytes(out_dir / f"projection_{name}.csv", b"label,error\nprojection,not available\n")
+    status = {"ok": ok, "command": cmd, "exit_code": code, "error": reason, "console": out.strip()}
+    atomic_write_json(status_json, status)
+    return status
+
+
+def _placeholder(path: Path, name: str, reason: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"projection: {name.replace('_', ' ')} not available\n{reason}", ha="center", va="center",
+            wrap=True)
+    write_png(fig, path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m reports.project SUMMARY_CSV STATUS_JSON", file=sys.stderr)
+        return 2
+    status = project(Path(args[0]), Path(args[1]))
+    print("projection: " + ("done" if status["ok"] else f"not available ({status['error']})"), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

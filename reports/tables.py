@@ -1,0 +1,160 @@
+"""The report's tables as DataFrames (also written as CSV): headline per strategy and per fault, inventory, environment.
+
+Every number is a median over runs in state ``ok`` (see ``reports.methods.AGGREGATION``); ``*_vs_sync`` columns
+divide by the ``sync`` strategy's value in the same column (and fault); empty for sync itself and when there is no
+sync row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pandas as pd
+
+BASELINE = "sync"
+# What python -m resilience.probe measures; listed as "not probed" when unknown.
+LIMIT_KEYS = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s")
+
+
+def col(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A column as numbers (NaN where absent), so that a matrix without e.g. faults still renders."""
+    if name not in frame:
+        return pd.Series(float("nan"), index=frame.index)
+    return pd.to_numeric(frame[name], errors="coerce")
+
+
+def ok_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["state"] == "ok"] if "state" in frame else frame.iloc[0:0]
+
+
+def order(frame: pd.DataFrame, column: str) -> list[str]:
+    """Values of ``column`` in the matrix's order (first appearance), which the tables and figures keep."""
+    return list(dict.fromkeys(frame[column].dropna())) if column in frame else []
+
+
+def bit_exact(rows: pd.DataFrame) -> str:
+    """"yes", "no (k of n)" or "-" (no run with a verdict) over the rows' ``matches_reference``."""
+    verdicts = [v for v in rows.get("matches_reference", pd.Series(dtype=object)) if v in (True, False, "True",
+                                                                                         "False")]
+    if not verdicts:
+        return "-"
+    bad = sum(1 for v in verdicts if v in (False, "False"))
+    return "yes" if not bad else f"no ({bad} of {len(verdicts)})"
+
+
+def _median(values: pd.Series) -> float | None:
+    values = values.dropna()
+    return float(values.median()) if len(values) else None
+
+
+def _with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Add ``<metric>_vs_sync`` for each metric: the row's value over the sync row with the same ``keys``."""
+    base = table[table["strategy"] == BASELINE].set_index(keys) if keys else table[table["strategy"] == BASELINE]
+    for m in metrics:
+        ratios = []
+        for _, row in table.iterrows():
+            try:
+                ref = base.loc[tuple(row[k] for k in keys), m] if keys else base.iloc[0][m]
+            except (KeyError, IndexError):
+                ref = None
+            usable = row["strategy"] != BASELINE and pd.notna(row[m]) and ref is not None and pd.notna(ref) and ref
+            ratios.append(row[m] / ref if usable else None)  # the baseline's own ratio (1) is left empty
+        table[f"{m}_vs_sync"] = ratios
+    return table
+
+
+def disk_limit(limits: dict[str, Any], frame: pd.DataFrame) -> float | None:
+    """The probed disk write bandwidth in MB/s: limits.json, else the median ``limits.*`` of the runs, else None."""
+    for key, scale in (("write_GBps", 1000.0), ("disk_write_MBps", 1.0)):
+        if limits.get("probed", True) and isinstance(limits.get(key), (int, float)):
+            return float(limits[key]) * scale
+        from_runs = _median(col(frame, f"limits.{key}"))
+        if from_runs is not None:
+            return from_runs * scale
+    return None
+
+
+def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataFrame:
+    """One row per strategy: checkpoint costs, write bandwidth (and its share of the disk), goodput, bit-exactness."""
+    ok, disk = ok_runs(frame), disk_limit(limits, frame)
+    rows = []
+    for strategy in order(frame, "cell.strategy"):
+        mine, mine_ok = frame[frame["cell.strategy"] == strategy], ok[ok["cell.strategy"] == strategy]
+        saved = mine_ok[col(mine_ok, "ckpt_count") > 0]
+        bandwidth = _median(col(saved, "ckpt_bytes") / col(saved, "ckpt_durable_s") / 1e6)
+        fault_free = mine_ok[mine_ok["cell.fault"] == "none"]
+        rows.append({
+            "strategy": strategy, "runs": len(mine), "runs_ok": len(mine_ok),
+            "ckpt_stall_s": _median(col(saved, "ckpt_stall_s")),
+            "ckpt_durable_s": _median(col(saved, "ckpt_durable_s")),
+            "ckpt_MB": _median(col(saved, "ckpt_bytes") / 1e6), "write_MBps": bandwidth,
+            "write_pct_of_disk": 100 * bandwidth / disk if bandwidth is not None and disk else None,
+            "step_time_s": _median(col(mine_ok, "step_time_s")),
+            "goodput_fault_free": _median(col(fault_free, "goodput")),
+            "bit_exact": bit_exact(mine),
+        })
+    table = pd.DataFrame(rows, columns=["strategy", "runs", "runs_ok", "ckpt_stall_s", "ckpt_durable_s", "ckpt_MB",
+                                        "write_MBps", "write_pct_of_disk", "step_time_s", "goodput_fault_free",
+                                        "bit_exact"])
+    return _with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"])
+
+
+def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (strategy, fault): recovery time, lost steps, detection latency, goodput, bit-exactness."""
+    ok = ok_runs(frame)
+    rows = []
+    for fault in [f for f in order(frame, "cell.fault_label") if f != "none"]:
+        for strategy in order(frame, "cell.strategy"):
+            mine = frame[(frame["cell.strategy"] == strategy) & (frame["cell.fault_label"] == fault)]
+            if mine.empty:
+                continue
+            mine_ok = ok.loc[ok.index.intersection(mine.index)]
+            rows.append({
+                "strategy": strategy, "fault": fault, "runs": len(mine),
+                "recovered": int((mine.get("recovered", pd.Series(dtype=object)) == True).sum()),  # noqa: E712
+                "recovery_time_s": _median(col(mine_ok, "recovery_time_s")),
+                "lost_steps": _median(col(mine_ok, "lost_steps")),
+                "detection_latency_s": _median(col(mine, "detection_latency_s")),
+                "goodput": _median(col(mine_ok, "goodput")),
+                "bit_exact": bit_exact(mine),
+            })
+    table = pd.DataFrame(rows, columns=["strategy", "fault", "runs", "recovered", "recovery_time_s", "lost_steps",
+                                        "detection_latency_s", "goodput", "bit_exact"])
+    return _with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"])
+
+
+def false_alarms(frame: pd.DataFrame) -> tuple[int, int]:
+    """(detections before any fault, runs with a result): a detector that fires on a healthy run costs a restart."""
+    with_result = frame[col(frame, "false_alarms").notna()]
+    return int(col(with_result, "false_alarms").sum()), len(with_result)
+
+
+def inventory(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every cell, problems first: how it ended and why."""
+    columns = ["cell", "state", "status", "attempts", "steps_completed", "steps", "wall_time_s", "elapsed_s",
+               "matches_reference", "error", "error_detail"]
+    table = frame.reindex(columns=columns).copy()
+    rank = table["state"].map({"failed": 0, "invalid": 1, "unrecovered": 2}).fillna(3)
+    return table.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
+
+
+def environment_table(env: dict[str, Any], limits: dict[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
+    """Where the numbers were measured, and the physical limits they are compared with ("not probed" if unknown)."""
+    rows = [{"group": "environment", "key": k, "value": v} for k, v in env.items()]
+    probed = bool(limits.get("probed", True)) and any(k in limits for k in LIMIT_KEYS)
+    for key in list(LIMIT_KEYS) + sorted(k for k in limits if k not in LIMIT_KEYS and k != "probed"):
+        if probed and key in limits:
+            value = limits[key]
+            if isinstance(value, list):
+                value = ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in value)
+            elif key == "measured_at" and isinstance(value, (int, float)):
+                value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        elif col(frame, f"limits.{key}").notna().any():
+            value = f"{_median(col(frame, f'limits.{key}')):.4g} (median of the runs' result.json)"
+        elif key == "reason":
+            value = limits[key]
+        else:
+            value = "not probed"
+        rows.append({"group": "limits", "key": key, "value": value})
+    return pd.DataFrame(rows, columns=["group", "key", "value"])

@@ -1,0 +1,131 @@
+"""Aggregation and the HTML report from fixture runs (tests/fixtures: four real smoke runs, one failed, one invalid)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports.aggregate import main as aggregate_main
+from reports.aggregate import summarize
+from reports.matrix import load_matrix
+from reports.project import project
+from reports.render import render
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SECTIONS = ("headline", "recovery_breakdown", "ckpt_overhead", "detection", "timeline", "environment", "methods",
+            "projection")
+LIMITS = {"probed": True, "write_GBps": 0.5, "read_GBps": 1.0, "memcpy_GBps": 10.0, "rank_start_s": 2.0}
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    """A writable copy of the fixture runs."""
+    shutil.copytree(FIXTURES / "runs", tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+@pytest.fixture
+def summary(runs) -> pd.DataFrame:
+    return summarize(load_matrix(str(FIXTURES / "matrix.yaml")), sorted(runs.glob("*/done.json")))
+
+
+@pytest.mark.timeout(60)
+def test_summary_has_one_row_per_cell_in_matrix_order_with_flattened_results(summary):
+    matrix = load_matrix(str(FIXTURES / "matrix.yaml"))
+    assert list(summary["cell"]) == [c.name for c in matrix.cells]
+    assert summary["state"].value_counts().to_dict() == {"ok": 4, "failed": 1, "invalid": 1}
+    for column in ("recovery_breakdown_s.load", "recovery_breakdown_s.detect", "final_state_sha256", "goodput",
+                   "cell.strategy", "cell.fault_label", "cell.fault.phase", "cell.checkpoint.every", "run_dir",
+                   "exit_code", "error", "is_reference", "reference_cell", "matches_reference"):
+        assert column in summary, column
+    ok = summary[summary["state"] == "ok"]
+    assert ok["matches_reference"].tolist() == [True] * 4
+    bad = summary[summary["state"] != "ok"]
+    assert bad["matches_reference"].isna().all()
+    assert set(bad["exit_code"]) == {1, 2}
+    assert summary.loc[summary["state"] == "invalid", "error"].item().endswith("must be in [0, 11] for steps=12")
+
+
+@pytest.mark.timeout(60)
+def test_matches_reference_is_false_when_the_final_state_differs(runs):
+    hit = next(runs.glob("gpt_tiny-sync-kill.phase=before_forward.at_step=7*/result.json"))
+    result = json.loads(hit.read_text())
+    result["final_state_sha256"] = "0" * 64
+    hit.write_text(json.dumps(result))
+    frame = summarize(load_matrix(str(FIXTURES / "matrix.yaml")), sorted(runs.glob("*/done.json")))
+    verdict = dict(zip(frame["cell"], frame["matches_reference"]))
+    assert verdict[hit.parent.name] is False
+    assert sum(v is True for v in verdict.values()) == 3
+
+
+@pytest.mark.timeout(60)
+def test_aggregate_command_writes_the_csv(runs, tmp_path):
+    out = tmp_path / "summary.csv"
+    assert aggregate_main([str(FIXTURES / "matrix.yaml"), str(out), *map(str, runs.glob("*/done.json"))]) == 0
+    assert len(pd.read_csv(out)) == 6
+    assert not list(tmp_path.glob(".summary.csv.tmp*"))  # written atomically: no temp file left
+
+
+def _render(summary: pd.DataFrame, out: Path, limits: dict, projection: Path | None = None) -> str:
+    info = {"name": "fixture", "source": "tests/fixtures/matrix.yaml", "description": "fixture runs"}
+    env = {"cpu_model": "test CPU", "torch_version": "2.13.0+cpu"}
+    return render(summary, out / "index.html", info, limits, env, projection).read_text()
+
+
+@pytest.mark.timeout(120)
+def test_report_renders_every_section_self_contained(summary, tmp_path):
+    html = _render(summary, tmp_path / "report", LIMITS)
+    for anchor in SECTIONS:
+        assert f'id="{anchor}"' in html, anchor
+    images = re.findall(r'<img [^>]*src="([^"]*)"', html)
+    assert len(images) >= 4 and all(src.startswith("data:image/png;base64,") for src in images)
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.IGNORECASE)
+    assert "<link" not in html and "<script" not in html
+    for name in ("recovery_breakdown", "ckpt_overhead", "detection", "timeline"):
+        assert (tmp_path / "report" / f"fig_{name}.png").stat().st_size > 1000
+        assert len(pd.read_csv(tmp_path / "report" / f"{name}.csv")) > 0, name
+    for name in ("headline_strategies", "headline_faults", "environment", "inventory"):
+        assert (tmp_path / "report" / f"{name}.csv").exists()
+
+
+@pytest.mark.timeout(120)
+def test_report_shows_failures_limits_ratios_and_methods(summary, tmp_path):
+    html = _render(summary, tmp_path / "report", LIMITS)
+    assert "2 cell(s) did not produce a usable result" in html
+    assert "fault.at_step=20: must be in [0, 11] for steps=12" in html
+    assert "mismatched input" in html  # the failed cell's log tail
+    strategies = pd.read_csv(tmp_path / "report" / "headline_strategies.csv").set_index("strategy")
+    sync = strategies.loc["sync"]
+    assert sync["write_pct_of_disk"] == pytest.approx(100 * sync["write_MBps"] / 500)
+    faults = pd.read_csv(tmp_path / "report" / "headline_faults.csv")
+    none_kill = faults[(faults["strategy"] == "none")].iloc[0]
+    assert none_kill["lost_steps"] == 7 and none_kill["lost_steps_vs_sync"] == pytest.approx(7 / 3)
+    assert "vs sync" in html
+    assert "goodput" in html and "Productive step time over wall time" in html
+    assert "Model output, not a measurement" in html
+
+
+@pytest.mark.timeout(120)
+def test_report_without_limits_or_projection_says_so(summary, tmp_path):
+    html = _render(summary, tmp_path / "report", {"probed": False, "reason": "no probe"})
+    assert html.count("not probed") >= 4
+    assert "disk bandwidth not probed" in html
+    assert "Not run." in html
+
+
+@pytest.mark.timeout(120)
+def test_projection_that_cannot_run_leaves_labelled_placeholders(tmp_path):
+    bad = tmp_path / "summary.csv"
+    bad.write_text("strategy,ckpt_bytes\nsync,100\n")  # no ckpt_stall_s: the projection rejects it (exit 2)
+    status = project(bad, tmp_path / "projection" / "projection_status.json")
+    assert not status["ok"] and "ckpt_stall_s" in status["error"]
+    for name in ("goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap"):
+        assert (tmp_path / "projection" / f"projection_{name}.png").stat().st_size > 1000
+    frame = pd.DataFrame({"cell": [], "state": []})
+    html = _render(frame, tmp_path / "report", LIMITS, tmp_path / "projection" / "projection_status.json")
+    assert "The projection could not run" in html and "ckpt_stall_s" in html
