@@ -5,8 +5,9 @@ keeps beating while the loop is stuck, which is exactly what a hang detector mus
 store into shared memory, with no system call, so it costs next to nothing.
 
 A slot holds (step, phase, t_mono of the beat, busy_s): ``busy_s`` is the median, over the last few steps, of the
-time from the start of the step to the start of its backward pass, i.e. the rank's own work before it waits for
-its peers in the gradient all-reduce (what a straggler detector compares across ranks).
+time from the end of the previous backward pass (where the gradient all-reduce has just lined all ranks up) to the
+start of this one, i.e. the rank's own work (optimizer step, data, forward) before it waits for its peers again:
+what a straggler detector compares across ranks.
 """
 
 from __future__ import annotations
@@ -48,16 +49,16 @@ class Beater:
             finally:
                 os.close(fd)
         self._offset = rank * SLOT.size
-        self._step_start = 0.0
+        self._synced: float | None = None
         self._busy: deque[float] = deque(maxlen=5)
         self._busy_median = 0.0
 
     def beat(self, step: int, phase: int) -> None:
         now = time.monotonic()
-        if phase == STEP_START:
-            self._step_start = now
-        elif phase == FORWARD_DONE:
-            self._busy.append(now - self._step_start)
+        if phase == BACKWARD_DONE:
+            self._synced = now
+        elif phase == FORWARD_DONE and self._synced is not None:
+            self._busy.append(now - self._synced)
             self._busy_median = statistics.median(self._busy)
         if self._map is not None:
             SLOT.pack_into(self._map, self._offset, step, phase, now, self._busy_median)
