@@ -1,0 +1,424 @@
+"""Model validation: predict each measured run's goodput from its own costs and the injected fault rate.
+
+``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs a small set of real experiments (gpt_tiny,
+2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate), measures every
+cost from each run's ``events.jsonl``, predicts the run's goodput and writes ``parity.csv`` and ``parity.png``
+(predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its assumptions
+are in docs/projection.md, "Validation against measured runs".
+
+Both sides use the definition of ``resilience/metrics.py``: goodput = (sum of the durations of the steps that
+survived, each step once) / (wall time from the supervisor's ``launch`` to ``supervisor_end``). The prediction
+decomposes that wall time (all costs in seconds, measured on the run, the fault count from the rate)::
+
+    W = T_start + N t_w + n_c C + K (R + l t_w) + T_end,      G = N t_d / W
+
+N steps of wall time t_w each (the step's own duration t_d plus the loop's overhead around it), n_c = floor((N-1)
+/ every) blocking checkpoints of stall C (the final state is not saved), K faults, each costing R (fault ->
+detection -> restart -> load -> first step of the next attempt) plus the replay of l lost steps, the start-up
+T_start (launch -> first step) and the tear-down T_end (last step -> supervisor_end). From the rate: K = E[min(
+Binomial(n, p), count)] over the n candidate steps, l = the mean of (s mod every) over them (a kill before step
+s + 1 loses the steps since the checkpoint at or before s). This is the closed form of
+:mod:`resilience.projection.goodput` to first order in the failure rate, with two differences that the injector
+imposes: a planned fault fires once, at a *new* step, so failures strike only during first-time compute (never
+during checkpoints, recoveries or replays: no e^{-lam R} factor), and the run is finite (start-up, tear-down, an
+exact checkpoint count). Reported next to it: the prediction from the seeded plan's own K and lost steps (a
+closure test), the prediction from the rate with costs measured on other runs, and the unmodified closed form
+(failures in wall time, M = t_w / p).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from resilience.events import read_events
+from resilience.fsio import atomic_write_bytes
+from resilience.projection.goodput import predicted_goodput
+
+REPO = Path(__file__).resolve().parents[2]
+AT_STEP = 1  # the first candidate step of the plan (fault.at_step)
+FAULT_RANK = 1
+LABEL = "measured vs model"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model (pure functions)
+
+@dataclass(frozen=True)
+class RunCosts:
+    """The measured costs of one run that the prediction uses, all in seconds (see the module docstring)."""
+
+    steps: int            # N: steps of the run
+    every: int            # checkpoint.every
+    step_s: float         # t_d: mean duration of a productive step (its sum over N steps is goodput's numerator)
+    step_wall_s: float    # t_w: wall time per step (t_d plus the loop overhead between steps)
+    stall_s: float        # C: training-visible time of one blocking checkpoint
+    startup_s: float      # T_start: launch -> first step
+    teardown_s: float     # T_end: last step -> supervisor_end
+    recovery_s: float     # R: fault -> first step of the next attempt (detect + restart + load)
+
+
+def checkpoints_in_run(steps: int, every: int) -> int:
+    """Checkpoints a run writes: at every multiple of ``every`` below ``steps`` (the final state is not saved)."""
+    return (steps - 1) // every
+
+
+def predicted_wall_s(costs: RunCosts, faults: float, lost_steps: float) -> float:
+    """Expected wall time with ``faults`` faults losing ``lost_steps`` steps in all (both may be fractional)."""
+    c = costs
+    return (c.startup_s + c.teardown_s + c.steps * c.step_wall_s + checkpoints_in_run(c.steps, c.every) * c.stall_s
+            + faults * c.recovery_s + lost_steps * c.step_wall_s)
+
+
+def predicted_run_goodput(costs: RunCosts, faults: float, lost_steps: float) -> float:
+    """Goodput as metrics.py defines it (productive step time / wall time) for that many faults and lost steps."""
+    return costs.steps * costs.step_s / predicted_wall_s(costs, faults, lost_steps)
+
+
+def fault_candidates(steps: int, at_step: int = AT_STEP) -> range:
+    """Steps at which a ``fault.probability`` plan may fire (``before_forward``: s steps done, s in [at, N))."""
+    return range(at_step, steps)
+
+
+def lost_steps_at(step: int, every: int) -> int:
+    """Steps replayed after a kill before step ``step`` + 1: those since the checkpoint at or before ``step``."""
+    return step % every
+
+
+def binomial_pmf(n: int, p: float) -> np.ndarray:
+    """P(K = k) for k = 0..n, K ~ Binomial(n, p)."""
+    k = np.arange(n + 1)
+    if p <= 0 or p >= 1:
+        return (k == (0 if p <= 0 else n)).astype(float)
+    log_comb = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
+    return np.exp(log_comb + k * math.log(p) + (n - k) * math.log1p(-p))
+
+
+def binomial_quantile(n: int, p: float, q: float) -> int:
+    """The smallest k with P(K <= k) >= q."""
+    return int(np.searchsorted(np.cumsum(binomial_pmf(n, p)), q - 1e-12))
+
+
+def expected_faults(probability: float, candidates: int, count: int) -> float:
+    """E[min(Binomial(candidates, probability), count)]: each candidate fires with ``probability``, at most
+    ``count`` in all."""
+    if probability <= 0 or candidates <= 0:
+        return 0.0
+    k = np.arange(candidates + 1)
+    return float(np.sum(np.minimum(k, count) * binomial_pmf(candidates, probability)))
+
+
+@dataclass(frozen=True)
+class RatePrediction:
+    goodput: float     # at the expected fault count (expected useful time / expected wall time)
+    low: float         # 10% quantile of the run's goodput over the fault count's distribution
+    high: float        # 90% quantile
+    faults: float      # expected fault count
+    lost_per_fault: float
+
+
+def predict_from_rate(costs: RunCosts, probability: float, count: int, at_step: int = AT_STEP,
+                      band: tuple[float, float] = (0.1, 0.9)) -> RatePrediction:
+    """Goodput predicted from the injected rate alone: the plan is random, so also a band from its fault count."""
+    cands = fault_candidates(costs.steps, at_step)
+    lost = float(np.mean([lost_steps_at(s, costs.every) for s in cands])) if len(cands) else 0.0
+    k_mean = expected_faults(probability, len(cands), count)
+    mean = predicted_run_goodput(costs, k_mean, k_mean * lost)
+    if probability <= 0:
+        return RatePrediction(mean, mean, mean, 0.0, lost)
+    # More faults, lower goodput: the goodput quantiles are the fault count's quantiles in reverse.
+    k_hi, k_lo = (min(binomial_quantile(len(cands), probability, q), count) for q in band)
+    return RatePrediction(mean, predicted_run_goodput(costs, k_lo, k_lo * lost),
+                          predicted_run_goodput(costs, k_hi, k_hi * lost), k_mean, lost)
+
+
+def predict_from_plan(costs: RunCosts, plan: Sequence[int]) -> float:
+    """Goodput predicted from the seeded plan itself (known before the run): its fault count and lost steps."""
+    return predicted_run_goodput(costs, len(plan), sum(lost_steps_at(s, costs.every) for s in plan))
+
+
+def predict_closed_form(costs: RunCosts, probability: float) -> float:
+    """The projection's closed form as it stands: failures in wall time at rate p / t_w, also during checkpoints,
+    recoveries and replays (``predicted_goodput``), applied to the training phase; start-up and tear-down added."""
+    interval = costs.every * costs.step_wall_s
+    if probability <= 0:
+        g_train = interval / (interval + costs.stall_s)
+    else:
+        g_train = float(predicted_goodput(interval, costs.step_wall_s / probability, costs.stall_s, costs.stall_s,
+                                          costs.recovery_s))
+    train_wall = costs.steps * costs.step_wall_s / g_train
+    return costs.steps * costs.step_s / (costs.startup_s + costs.teardown_s + train_wall)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurement (from events.jsonl)
+
+def measure(run_dir: str | Path) -> dict[str, Any]:
+    """The costs, faults and goodput of one finished run, from its event log (rank 0 and the supervisor)."""
+    run_dir = Path(run_dir)
+    events = read_events(run_dir)
+    result = json.loads((run_dir / "result.json").read_text())
+    if result["status"] != "ok":
+        raise RuntimeError(f"{run_dir}: status {result['status']}, expected ok")
+    every, steps = int(result["checkpoint_every"]), int(result["steps"])
+    launch = next(e for e in events if e["kind"] == "launch" and e["rank"] is None)
+    end = next(e for e in events if e["kind"] == "supervisor_end")
+    rank0 = [e for e in events if e["rank"] == 0]
+    step_ends = [e for e in rank0 if e["kind"] == "step_end"]
+    begin = {id(e): e["t_mono"] - e["duration_s"] for e in step_ends}  # when the step's loop iteration began
+
+    last: dict[int, float] = {}
+    for e in step_ends:
+        last[e["step"]] = e["duration_s"]  # a replayed step overwrites the lost one, as in metrics._goodput
+    step_s = sum(last.values()) / len(last)
+
+    plain, ckpt_gaps = [], []  # loop-start to loop-start, without and with a checkpoint in between
+    for a, b in zip(step_ends, step_ends[1:]):
+        if a["attempt"] == b["attempt"] and b["step"] == a["step"] + 1:
+            (ckpt_gaps if a["step"] % every == 0 else plain).append(begin[id(b)] - begin[id(a)])
+    step_wall_s = float(np.mean(plain))
+    stall_s = float(np.mean(ckpt_gaps)) - step_wall_s if ckpt_gaps else 0.0
+
+    faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
+    recoveries, lost = [], []
+    for f in faults:
+        nxt = [e for e in step_ends if e["attempt"] > f["attempt"] and e["t_mono"] > f["t_mono"]]
+        loaded = [e for e in rank0 if e["kind"] == "ckpt_loaded" and e["attempt"] == f["attempt"] + 1]
+        if nxt:
+            recoveries.append(begin[id(nxt[0])] - f["t_mono"])
+        lost.append(f["step"] - (loaded[0]["step"] if loaded else 0))
+    final = [e for e in step_ends if e["attempt"] == result["attempts"] - 1]
+    return {
+        "run": run_dir.name, "every": every, "steps": steps, "seed": result["seed"],
+        "step_s": step_s, "step_wall_s": step_wall_s, "stall_s": stall_s,
+        "stall_metric_s": result["ckpt_stall_s"] or 0.0,
+        "startup_s": begin[id(step_ends[0])] - launch["t_mono"],
+        "teardown_s": end["t_mono"] - final[-1]["t_mono"],
+        "recoveries_s": recoveries, "faults": len(faults), "lost_steps": lost,
+        "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"],
+    }
+
+
+def costs_of(m: dict[str, Any], recovery_s: float) -> RunCosts:
+    return RunCosts(steps=m["steps"], every=m["every"], step_s=m["step_s"], step_wall_s=m["step_wall_s"],
+                    stall_s=m["stall_s"], startup_s=m["startup_s"], teardown_s=m["teardown_s"],
+                    recovery_s=recovery_s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running the set
+
+@dataclass(frozen=True)
+class RunSpec:
+    every: int
+    probability: float     # 0: fault=none
+    seed: int
+    steps: int
+
+    @property
+    def name(self) -> str:
+        return f"every{self.every}_p{self.probability:g}_seed{self.seed}_n{self.steps}"
+
+    @property
+    def count(self) -> int:
+        return self.steps  # generous: never the binding limit
+
+    def overrides(self) -> list[str]:
+        common = ["workload=gpt_tiny", "strategy=sync", "world_size=2", f"steps={self.steps}",
+                  f"checkpoint.every={self.every}", f"seed={self.seed}", f"recovery.max_restarts={self.steps}",
+                  f"log_every={self.steps}"]
+        if self.probability <= 0:
+            return [*common, "fault=none"]
+        return [*common, "fault=kill", f"fault.rank={FAULT_RANK}", f"fault.at_step={AT_STEP}",
+                f"fault.probability={self.probability}", f"fault.count={self.count}", f"fault.seed={self.seed}"]
+
+    def plan(self) -> list[int]:
+        """The steps the seeded plan kills at, computed exactly as the injector does, before the run."""
+        if self.probability <= 0:
+            return []
+        from injectors.kill import Kill
+        kill = Kill(rank=FAULT_RANK, at_step=AT_STEP, probability=self.probability, count=self.count, seed=self.seed)
+        kill.validate(2, self.steps, self.every)
+        return list(kill.plan)
+
+
+# Fault-free and three rates at two checkpoint intervals; the two intervals use different seeds (different plans).
+FULL = [RunSpec(every, p, seed, 80) for every, seed in ((5, 0), (10, 1)) for p in (0.0, 0.02, 0.05, 0.1)]
+QUICK = [RunSpec(5, 0.0, 0, 40), RunSpec(5, 0.05, 2, 40), RunSpec(10, 0.1, 1, 40)]
+
+
+def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
+    """``python -m resilience`` for one spec in its own process group; the whole group is killed on timeout."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # the checkpoint directory must start empty
+    cmd = [sys.executable, "-m", "resilience", *spec.overrides(), f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"{spec.name}: ran over {timeout_s} s")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec.name}: exit {proc.returncode}: {err[-800:]}")
+
+
+def predict_transfer(spec: RunSpec, reference: dict[str, Any] | None, others_recoveries: Sequence[float]) -> float:
+    """From the rate, with costs measured on *other* runs: the fault-free run of the same interval (step, stall,
+    start-up, tear-down) and the recoveries of the other runs (NaN without them, and for the reference itself)."""
+    if reference is None or reference["run"] == spec.name or (spec.probability > 0 and not others_recoveries):
+        return math.nan
+    r = float(np.mean(others_recoveries)) if spec.probability > 0 else 0.0
+    costs = replace(costs_of(reference, r), steps=spec.steps, every=spec.every)
+    return predict_from_rate(costs, spec.probability, spec.count).goodput
+
+
+def evaluate(specs: Sequence[RunSpec], measured: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run: its measured costs and goodput, and the four predictions."""
+    own = [float(np.mean(m["recoveries_s"])) if m["recoveries_s"] else math.nan for m in measured]
+    all_rec = [r for m in measured for r in m["recoveries_s"]]
+    pooled = float(np.mean(all_rec)) if all_rec else math.nan
+    references = {(s.every, s.steps): m for s, m in zip(specs, measured) if s.probability <= 0}
+    rows = []
+    for i, (spec, m, r_own) in enumerate(zip(specs, measured, own)):
+        others = [r for j, o in enumerate(measured) if j != i for r in o["recoveries_s"]]
+        if spec.probability <= 0:
+            r, source = 0.0, "unused"  # no faults: R does not enter any prediction
+        else:
+            r, source = (r_own, "own") if not math.isnan(r_own) else (pooled, "pooled")
+        costs = costs_of(m, r)
+        plan = spec.plan()
+        rate = predict_from_rate(costs, spec.probability, spec.count)
+        rows.append({
+            "label": LABEL, "run": spec.name, "every": spec.every, "probability": spec.probability,
+            "seed": spec.seed, "steps": spec.steps,
+            "expected_faults": rate.faults, "planned_faults": len(plan), "faults": m["faults"],
+            "planned_lost_steps": sum(lost_steps_at(s, spec.every) for s in plan),
+            "lost_steps": sum(m["lost_steps"]),
+            **{k: v for k, v in asdict(costs).items() if k not in ("steps", "every")},
+            "stall_metric_s": m["stall_metric_s"], "recovery_source": source,
+            "wall_s": m["wall_s"], "predicted_wall_plan_s": predicted_wall_s(
+                costs, len(plan), sum(lost_steps_at(s, spec.every) for s in plan)),
+            "measured_goodput": m["measured_goodput"],
+            "predicted_goodput": rate.goodput, "predicted_low": rate.low, "predicted_high": rate.high,
+            "predicted_plan": predict_from_plan(costs, plan),
+            "predicted_closed_form": predict_closed_form(costs, spec.probability),
+            "predicted_transfer": predict_transfer(spec, references.get((spec.every, spec.steps)), others),
+        })
+    return pd.DataFrame(rows)
+
+
+def mae(frame: pd.DataFrame, column: str) -> float:
+    """Mean absolute error of one prediction column against the measured goodput (rows without it skipped)."""
+    return float((frame[column] - frame["measured_goodput"]).abs().mean(skipna=True))
+
+
+def parity_figure(frame: pd.DataFrame):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    colors = dict(zip(sorted(frame["every"].unique()), sns.color_palette("colorblind", 4)))
+    fig, ax = plt.subplots(figsize=(7, 6.5))
+    lo = min(frame[["measured_goodput", "predicted_goodput", "predicted_closed_form", "predicted_low"]].min()) - 0.03
+    hi = max(frame[["measured_goodput", "predicted_goodput", "predicted_high"]].max()) + 0.03
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
+    for every, rows in frame.groupby("every"):
+        c = colors[every]
+        ax.errorbar(rows["predicted_goodput"], rows["measured_goodput"],
+                    xerr=[rows["predicted_goodput"] - rows["predicted_low"],
+                          rows["predicted_high"] - rows["predicted_goodput"]],
+                    fmt="o", color=c, ms=7, capsize=3, label=f"every {every}: from the rate (10-90% band)")
+        ax.scatter(rows["predicted_plan"], rows["measured_goodput"], facecolors="none", edgecolors=c, s=90,
+                   marker="s", label=f"every {every}: from the seeded plan")
+        ax.scatter(rows["predicted_transfer"], rows["measured_goodput"], facecolors="none", edgecolors=c, s=60,
+                   marker="^", label=f"every {every}: from the rate, other runs' costs")
+        ax.scatter(rows["predicted_closed_form"], rows["measured_goodput"], color=c, marker="x", s=45,
+                   label=f"every {every}: closed form as is (failures in wall time)")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel("predicted goodput (model)")
+    ax.set_ylabel("measured goodput (result.json)")
+    ax.set_title("model validation: predicted vs measured goodput\n"
+                 f"gpt_tiny, 2 ranks, sync, kill at rate p; {len(frame)} runs; MAE rate "
+                 f"{mae(frame, 'predicted_goodput'):.3f}, plan {mae(frame, 'predicted_plan'):.3f}, "
+                 f"other runs' costs {mae(frame, 'predicted_transfer'):.3f}, "
+                 f"closed form {mae(frame, 'predicted_closed_form'):.3f}", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def write_outputs(frame: pd.DataFrame, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "parity.csv", frame.to_csv(index=False, float_format="%.6g").encode())
+    fig = parity_figure(frame)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=130)
+    atomic_write_bytes(out / "parity.png", buf.getvalue())
+
+
+def table(frame: pd.DataFrame) -> str:
+    cols = {"run": "run", "expected_faults": "E[K]", "planned_faults": "K plan", "faults": "K", "lost_steps": "lost",
+            "step_s": "t_d", "stall_s": "C", "startup_s": "T0", "recovery_s": "R", "wall_s": "wall",
+            "measured_goodput": "measured", "predicted_goodput": "rate", "predicted_low": "lo",
+            "predicted_high": "hi", "predicted_plan": "plan", "predicted_transfer": "other",
+            "predicted_closed_form": "closed"}
+    return frame[list(cols)].rename(columns=cols).to_string(index=False, float_format=lambda v: f"{v:.3f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m resilience.projection.parity", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "parity", help="output directory")
+    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} short runs instead of {len(FULL)}")
+    parser.add_argument("--timeout-s", type=float, default=240, help="limit per run")
+    parser.add_argument("--reuse", action="store_true",
+                        help="re-score run directories that already hold a result.json instead of rerunning them")
+    args = parser.parse_args(argv)
+    specs = QUICK if args.quick else FULL
+    out = args.out.resolve()
+    measured = []
+    t0 = time.monotonic()
+    for i, spec in enumerate(specs, 1):
+        t = time.monotonic()
+        if not (args.reuse and (out / "runs" / spec.name / "result.json").exists()):
+            run_one(spec, out / "runs" / spec.name, args.timeout_s)
+        measured.append(measure(out / "runs" / spec.name))
+        print(f"[parity] {i}/{len(specs)} {spec.name}: {measured[-1]['faults']} fault(s), goodput "
+              f"{measured[-1]['measured_goodput']:.3f} ({time.monotonic() - t:.0f} s)", flush=True)
+    frame = evaluate(specs, measured)
+    write_outputs(frame, out)
+    print(table(frame))
+    print(f"MAE (from the rate): {mae(frame, 'predicted_goodput'):.4f}   "
+          f"MAE (from the seeded plan): {mae(frame, 'predicted_plan'):.4f}   "
+          f"MAE (from the rate, other runs' costs): {mae(frame, 'predicted_transfer'):.4f}   "
+          f"MAE (closed form, failures in wall time): {mae(frame, 'predicted_closed_form'):.4f}")
+    faulty = frame[frame["probability"] > 0]  # fault-free runs have a band of width 0
+    g = faulty["measured_goodput"]
+    inside = (g >= faulty["predicted_low"]) & (g <= faulty["predicted_high"])
+    print(f"measured inside the rate prediction's 10-90% band: {int(inside.sum())} of the {len(faulty)} runs with "
+          f"a fault rate")
+    print(f"{len(specs)} runs in {time.monotonic() - t0:.0f} s; wrote {out / 'parity.csv'} and {out / 'parity.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
