@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 from injectors.base import Injector, require_int
@@ -41,7 +42,9 @@ def die(signal_name: str, exit_code: int = 3) -> None:
     if signal_name == "exit":
         os._exit(exit_code)  # no cleanup, no atexit: like a crash that reports a code
     sig = signal.Signals[signal_name]
-    if sig != signal.SIGKILL:  # the default disposition, so that a library's handler cannot soften it
+    # The default disposition, so that a library's handler cannot soften the signal; only the main thread may
+    # set it (a fault firing in a background persist thread keeps whatever handler there is).
+    if sig != signal.SIGKILL and threading.current_thread() is threading.main_thread():
         signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     while True:  # a signal to oneself may arrive a moment later; never run on past the fault

@@ -39,7 +39,10 @@ class RankDetectors:
     def grad_norm(self) -> float | None:
         if not self.needs_grad_norm:
             return None
-        grads = [p.grad for p in self.state.model.parameters() if p.grad is not None]
+        # Sparse gradients (embedding tables) count by their values; DDP's sparse all-reduce leaves duplicate
+        # indices, which coalescing sums first.
+        grads = [g.coalesce().values() if g.is_sparse else g
+                 for g in (p.grad for p in self.state.model.parameters()) if g is not None]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
         return float(norm) if norm is not None else math.nan
 

@@ -1,0 +1,72 @@
+"""The limits probe (measurements, cache, command) and the comparison's table and targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from resilience import compare, probe
+
+
+def test_disk_and_memcpy_measurements_are_plausible(tmp_path):
+    disk = probe.measure_disk(tmp_path, size_mb=16, samples=2)
+    assert disk["probe_bytes"] == 16 << 20 and len(disk["write_samples_GBps"]) == 2
+    assert min(disk["write_samples_GBps"]) <= disk["write_GBps"] <= max(disk["write_samples_GBps"])
+    assert disk["write_GBps"] > 0 and disk["read_GBps"] > 0
+    assert list(tmp_path.iterdir()) == []  # scratch files removed
+    assert probe.measure_memcpy(size_mb=16) > 0.1
+
+
+def test_load_limits_probes_once_per_host_and_file_system(tmp_path, monkeypatch):
+    monkeypatch.setattr(probe, "CACHE_DIR", tmp_path / "cache")
+    calls = []
+    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or {"write_GBps": 1.0, "dir": str(d)})
+    first = probe.load_limits(tmp_path / "not" / "yet" / "created")  # probed where it will be created
+    assert calls == [tmp_path] and first["write_GBps"] == 1.0
+    assert probe.load_limits(tmp_path) == first and len(calls) == 1  # same device: cached
+    probe.load_limits(tmp_path, refresh=True)
+    assert len(calls) == 2
+    cached = json.loads(next((tmp_path / "cache").glob("limits-*.json")).read_text())
+    assert list(cached) == [f"{os.uname().nodename}:dev{os.stat(tmp_path).st_dev}"]
+
+
+@pytest.mark.timeout(60)
+def test_probe_command_prints_and_writes_the_figures(tmp_path):
+    env = {**os.environ, "RESILIENCE_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "resilience.probe", "--dir", str(tmp_path / "ckpt"),
+           "--out", str(tmp_path / "limits.json"), "--size-mb", "64"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "disk write (fsync, median)" in done.stdout and "rank start (2 ranks" in done.stdout
+    limits = json.loads((tmp_path / "limits.json").read_text())
+    assert limits["write_GBps"] > 0 and limits["read_GBps"] > 0 and limits["memcpy_GBps"] > 0
+    assert 0 < limits["rank_start_s"] < 60 and limits["probe_bytes"] == 64 << 20
+
+
+def fake(stall, durable, nbytes=1e9, sha="a", **extra):
+    return {"status": "ok", "ckpt_stall_s": stall, "ckpt_durable_s": durable, "ckpt_bytes": nbytes,
+            "step_time_s": 0.05, "final_state_sha256": sha, **extra}
+
+
+def test_comparison_rows_table_and_targets():
+    limits = {"write_GBps": 1.0}
+    killed = fake(0.1, 1.0, recovery_source="disk", recovery_time_s=5.0, lost_steps=100,
+                  recovery_breakdown_s={"load": 2.0})
+    rows = [compare.row("dlrm_emb", "sync", fake(1.25, 1.25), killed, "a", limits),
+            compare.row("dlrm_emb", "async", fake(0.05, 2.0), {**killed, "final_state_sha256": "b"}, "a", limits),
+            compare.row("dlrm_emb", "dcp_async", fake(3.0, 7.0), {"status": "error"}, "a", limits),
+            compare.row("dlrm_emb", "inmemory", fake(0.01, None, None), killed, "a", limits)]
+    assert rows[0]["write_GBps"] == pytest.approx(0.8) and rows[0]["write_pct_of_disk"] == pytest.approx(80)
+    assert (rows[1]["bit_exact_free"], rows[1]["bit_exact_killed"]) == (True, False)
+    assert rows[2]["bit_exact_killed"] is None and rows[3]["write_GBps"] is None
+    text = compare.table(rows)
+    assert text.count("\n") == 5 and "| dlrm_emb | async | 0.050 | 2.000 |" in text and "yes/NO" in text
+    verdicts = compare.targets(rows, limits)
+    assert verdicts[0].startswith("[MET] async stall <= 5% of sync save time: 0.050 s vs 1.250 s = 4.0%")
+    assert verdicts[1].startswith("[MET] async stall <= dcp_async stall")
+    assert verdicts[2].startswith("[MET] sync durable write bandwidth >= 70%")
