@@ -151,15 +151,24 @@ def probe(ckpt_dir: str | Path, size_mb: int = 1024, ranks: int = 2) -> dict[str
     return limits
 
 
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_limits(ckpt_dir: str | Path) -> dict[str, Any] | None:
+    """The cached limits of ``ckpt_dir``'s file system on this host, or None if it was never probed (no probing)."""
+    return _read_cache().get(_cache_key(_existing_dir(ckpt_dir)))
+
+
 def load_limits(ckpt_dir: str | Path, refresh: bool = False, size_mb: int = 1024) -> dict[str, Any]:
     """The cached limits of ``ckpt_dir``'s file system on this host; probed (and cached) when absent or ``refresh``."""
     where = _existing_dir(ckpt_dir)
     key = _cache_key(where)
     cache_file = _cache_file()
-    try:
-        cache = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = _read_cache()
     if refresh or key not in cache:
         cache[key] = probe(where, size_mb)  # the nearest existing directory: same file system, nothing created
         cache_file.parent.mkdir(parents=True, exist_ok=True)

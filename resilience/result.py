@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from resilience.events import read_events
 from resilience.fsio import atomic_write_json
 from resilience.metrics import compute_result
+from resilience.probe import cached_limits
 
 RESULT_FILE = "result.json"
 
@@ -36,6 +37,9 @@ def write_result(run_dir: str | Path) -> dict[str, Any]:
     """Compute the run's result from its events and write it atomically to ``result.json``."""
     run_dir = Path(run_dir)
     result = compute_result(read_events(run_dir), run_identity(run_dir))
+    # The machine's physical limits, as last probed (python -m resilience.probe; the pipeline's probe rule).
+    # A single run does not probe: that would add a minute of disk writes to it.
+    result["limits"] = cached_limits(OmegaConf.load(run_dir / "config.yaml").checkpoint.dir)
     atomic_write_json(run_dir / RESULT_FILE, result)
     return result
 
