@@ -27,8 +27,10 @@ def kill_observed(run: Path, result: dict) -> None:
     ev = read_events(run)
     fault, detected = first(ev, "fault_injected"), first(ev, "fault_detected")
     assert detected["value"]["1"] == "SIGKILL" and detected["blamed_rank"] == 1
-    survivor = first(ev, "rank_error", rank=0, attempt=0)
-    assert survivor["t_mono"] - fault["t_mono"] < 2.0  # the survivor's collective fails at once
+    # The survivor's collective fails at once; if the supervisor stops it first, the restart marks its end.
+    ended = [e["t_mono"] for e in ev if (e["kind"] == "rank_error" and e["rank"] == 0 and e["attempt"] == 0)
+             or e["kind"] == "restart"]
+    assert min(ended) - fault["t_mono"] < 2.0
 
 
 def stall_times_out(run: Path, result: dict) -> None:

@@ -21,13 +21,11 @@ SCENARIOS = [
                                                                  "fault.at_step=13"), 3),
     ("none: killed at step 13 -> restart from scratch", ("strategy=none", "fault=kill", "fault.rank=1",
                                                         "fault.at_step=13"), 13),
-    ("sync: rank 0 killed between backward and optimizer step", ("strategy=sync", "fault=kill", "fault.rank=0",
-                                                                 "fault.at_step=7",
-                                                                 "fault.phase=before_optimizer_step"), 2),
+    ("sync: rank 0 sent SIGTERM between backward and optimizer step", (
+        "strategy=sync", "fault=kill", "fault.rank=0", "fault.at_step=7", "fault.phase=before_optimizer_step",
+        "fault.signal=SIGTERM"), 2),
     ("sync: rank 1 killed in the middle of the step-15 save -> previous checkpoint", (
         "strategy=sync", "fault=kill", "fault.rank=1", "fault.at_step=15", "fault.phase=during_checkpoint"), 5),
-    ("sync: SIGTERM instead of SIGKILL", ("strategy=sync", "fault=kill", "fault.rank=1", "fault.at_step=22",
-                                          "fault.signal=SIGTERM"), 2),
 ]
 
 
