@@ -1,7 +1,8 @@
 """Each fault, through the real command on 2 gloo ranks: what the training processes really experience.
 
 A scenario table (fault, parameters, expected observable) drives the tests; every run must also leave no process
-(stopped or not) behind, which ``run_experiment`` checks.
+(stopped or not) behind, which ``run_experiment`` checks. The gil hang and the pre-reduce flip are exercised by
+``python -m resilience.coverage`` instead, to keep the suite short.
 """
 
 from __future__ import annotations
@@ -67,22 +68,16 @@ def diverged(run: Path, result: dict) -> None:
     assert result["status"] == "ok" and not result["replicas_agree"]  # silent: nothing noticed, replicas differ
 
 
-def replicas_stay_equal(run: Path, result: dict) -> None:
-    assert result["status"] == "ok" and result["replicas_agree"]  # summed into every replica alike
-
-
 SCENARIOS: list[tuple[str, tuple[str, ...], Callable]] = [
     ("kill", ("fault=kill", "fault.at_step=7"), kill_observed),
     ("hang-stall", ("fault=hang", "fault.mode=stall", "fault.at_step=7"), stall_times_out),
     ("hang-sigstop", ("fault=hang", "fault.mode=sigstop", "fault.at_step=7"), recovered_bit_exact),
-    ("hang-gil", ("fault=hang", "fault.mode=gil", "fault.at_step=7"), recovered_bit_exact),
     ("node_loss", ("fault=node_loss", "fault.ranks_per_node=1", "fault.at_step=12"), recovered_bit_exact),
     ("torn_write", ("fault=slow_disk", "fault.mode=torn_write", "fault.at_step=6"), recovered_bit_exact),
     ("slow_disk", ("fault=slow_disk", "fault.mbps=10"), slow_save),
     ("enospc", ("fault=slow_disk", "fault.mode=enospc", "fault.at_step=6", "fault.budget_mb=1"),
      enospc_keeps_previous),
     ("bitflip-weights", ("fault=bitflip", "fault.target=weights", "fault.at_step=7"), diverged),
-    ("bitflip-grads_pre", ("fault=bitflip", "fault.target=grads_pre", "fault.at_step=7"), replicas_stay_equal),
 ]
 
 
