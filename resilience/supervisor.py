@@ -28,6 +28,7 @@ from resilience.detectors.suite import emit_detection
 from resilience.events import EventLog
 from resilience.heartbeat import create_board, read_board, reset_board
 from resilience.recovery.base import RecoveryPolicy
+from resilience.strategies import node_memory
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,9 @@ class Supervisor:
             outcome = "failed" if result.is_failed() else "succeeded"
         finally:
             spec.rdzv_handler.shutdown()
+            # The supervisor owns what ranks keep in node memory (in-memory snapshots): the ranks cannot remove
+            # it, since they may die; it goes whatever the outcome.
+            node_memory.cleanup(self.run_dir)
         events.emit("supervisor_end", outcome=outcome, fsync=True)
         events.close()
         return outcome

@@ -1,0 +1,244 @@
+"""In-memory checkpointing after DLRover Flash Checkpoint and Gemini (Wang et al., SOSP'23).
+
+Every ``checkpoint.every`` steps each rank copies its full model and optimizer state into its own shared-memory
+area on its node (``shm_store``: a ``/dev/shm`` file that survives the restart of the rank process, as DLRover's
+agent-owned shared memory does) and into a *peer copy* held in the memory of rank ``(r + ranks_per_node) %
+world_size``, on the next node (Gemini's replica in a remote machine's CPU memory). On one host the writing rank
+maps the peer's file itself; on a real cluster that copy would cross the network to the peer node's agent.
+Every ``persist_every``-th snapshot is also saved to disk exactly as ``sync`` does (DCP + atomic commit), for
+the failures that take every copy with them.
+
+Recovery (every rank restarts): each rank lists the snapshots it can reach -- its own area, else its peer copy --
+and the ranks all-gather those steps. If every rank holds the newest common step, and no committed disk
+checkpoint is newer, every rank reads it from memory straight into its tensors (``ckpt_loaded`` source ``memory``
+or ``peer_memory``; with ``strategy.verify`` the data's CRC32 is checked too); otherwise all fall back to
+``sync``'s disk load and record why (``ckpt_memory_fallback``). Snapshots newer than the step loaded belong to
+an abandoned timeline and are dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
+from resilience.strategies import shm_store
+from resilience.strategies.inmemory_codec import StateCodec, TensorRef, native_state, restore, tensor_leaves
+from resilience.strategies.node_memory import NodeMemory, claim, sweep_stale
+from resilience.strategies.shm_store import ALIGN, Area, SlotInfo
+from resilience.strategies.sync import SyncCheckpoint
+
+
+def require_int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key}={value}: must be an integer >= {minimum}")
+    return value
+
+
+class InMemoryCheckpoint(SyncCheckpoint):
+    """Snapshots to shared memory (own area + one peer copy), persisting every ``persist_every``-th to disk."""
+
+    name = "inmemory"
+
+    def __init__(self, every: int, keep: int, persist_every: int = 4, ranks_per_node: int = 1,
+                 verify: bool = False, world_size: int | None = None) -> None:
+        super().__init__(every, keep)
+        self.persist_every = require_int("strategy.persist_every", persist_every, 1)
+        self.ranks_per_node = require_int("strategy.ranks_per_node", ranks_per_node, 1)
+        if not isinstance(verify, bool):
+            raise ValueError(f"strategy.verify={verify}: must be true or false")
+        self.verify = verify
+        if world_size is not None:
+            self._check_world(world_size)
+        self.codec = StateCodec()
+        self.own: Area | None = None
+        self.peer: Area | None = None
+        self.peer_lost = False
+
+    def _check_world(self, world_size: int) -> None:
+        if world_size % self.ranks_per_node:
+            raise ValueError(f"strategy.ranks_per_node={self.ranks_per_node}: must divide world_size={world_size}")
+
+    def attach(self, rt: RankRuntime) -> None:
+        super().attach(rt)
+        self._check_world(rt.world_size)
+        self.rid = shm_store.run_id(rt.run_dir)
+        self.memory = rt.node_memory = NodeMemory(self.rid)  # what node_loss wipes
+        sweep_stale()  # areas of runs whose supervisor died before cleaning up
+        claim(self.rid)
+        r, rpn = rt.rank, self.ranks_per_node
+        self.node = r // rpn
+        holder = (r + rpn) % rt.world_size
+        # One node only: no other machine to hold a copy; the snapshot survives process restarts, not the node.
+        self.holder = holder if holder // rpn != self.node else None
+        self.own_path = shm_store.area_path(self.rid, self.node, r, r)
+        self.peer_path = (shm_store.area_path(self.rid, holder // rpn, holder, r)
+                          if self.holder is not None else None)
+
+    def load(self, state: TrainState) -> int:
+        """Load, then create (or map) the areas now, so that no checkpoint pays for reserving their RAM."""
+        step = super().load(state)
+        dist.barrier()  # reserve only once every rank has loaded: a rank still reading must not compete with it
+        t0 = time.monotonic()
+        try:
+            cap = self._capacity(state)
+            areas = [self._area("own", cap)] + ([self._area("peer", cap)] if self.peer_path is not None else [])
+            self.rt.events.emit("snapshot_reserved", bytes=sum(2 * a.slot_cap for a in areas if a is not None),
+                                duration_s=time.monotonic() - t0)
+        except OSError:
+            pass  # e.g. /dev/shm too small: the first snapshot will try again, and record why it fails
+        return step
+
+    def _capacity(self, state: TrainState) -> int:
+        """Slot size ``state``'s snapshots need. An optimizer that creates its state at its first step is assumed
+        to hold two tensors and a step per parameter, like Adam (a snapshot that needs more grows the area)."""
+        data, meta, _ = self.codec.encode(native_state(state), crc=False)  # the layout only: nothing is copied
+        if not state.optimizer.state:
+            params = [p for p in state.model.parameters() if p.requires_grad]
+            data += sum(2 * -(-p.numel() * p.element_size() // ALIGN) * ALIGN + ALIGN for p in params)
+        return data + ALIGN + 3 * len(meta)  # meta: room for the optimizer's entries too
+
+    def persist_due(self, step: int) -> bool:
+        """Whether the snapshot of ``step`` also goes to disk: every ``persist_every``-th, counted from step 0."""
+        return (step // self.every) % self.persist_every == 0
+
+    # ---- save -------------------------------------------------------------------------------------------------
+    def _save(self, step: int, state: TrainState) -> None:
+        rt, t0 = self.rt, time.monotonic()
+        try:
+            data_len, meta, fill = self.codec.encode(native_state(state), crc=self.verify)
+            need = data_len + ALIGN + len(meta)
+            own = self._area("own", need)
+            info = own.write(step, rt.attempt, data_len, meta, fill,
+                             before_commit=lambda: rt.fault_hook("during_checkpoint", step))
+            peer = self._area("peer", need) if self.peer_path is not None else None
+            if peer is not None:  # the same bytes and CRC: a copy of our own slot, no second encode
+                peer.write(step, rt.attempt, data_len, meta, lambda buf: self._copy(buf, own, info))
+            rt.events.emit("ckpt_memory_saved", step=step, bytes=data_len + len(meta), slot=info.index,
+                           peer_rank=self.holder if peer is not None else None, duration_s=time.monotonic() - t0)
+        except (OSError, ValueError) as exc:  # e.g. /dev/shm full: no snapshot this time, training goes on
+            rt.events.emit("ckpt_failed", step=step, error=f"memory: {type(exc).__name__}: {exc}"[:500], fsync=True)
+        if self.persist_due(step):
+            super()._save(step, state)  # emits ckpt_stall_end (and ckpt_durable on rank 0)
+        else:
+            rt.events.emit("ckpt_stall_end", step=step)
+
+    @staticmethod
+    def _copy(buf: torch.Tensor, area: Area, info: SlotInfo) -> int | None:
+        src = area.data(info)
+        buf.copy_(src)
+        del src
+        return info.crc
+
+    def _area(self, which: str, need: int) -> Area | None:
+        """Our own area or the peer copy, mapped once per attempt (writes into a mapping whose node was wiped since
+        go nowhere, as they would on a dead machine); None once the peer's node is lost in this attempt."""
+        area: Area | None = getattr(self, which)
+        if (area is not None and area.slot_cap >= need) or (which == "peer" and self.peer_lost):
+            return area
+        if area is not None:
+            area.close()
+        path = self.own_path if which == "own" else self.peer_path
+        area = Area.create(path, need, spare=max(need // 64, 1 << 20))  # room for meta that grows (lr schedules)
+        if which == "peer" and self.memory.lost(self.holder // self.ranks_per_node):
+            area.close()  # the peer's node died while we created the area: it holds nothing until it rejoins
+            path.unlink(missing_ok=True)
+            area, self.peer_lost = None, True
+        setattr(self, which, area)
+        return area
+
+    # ---- load -------------------------------------------------------------------------------------------------
+    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        rt, t0 = self.rt, time.monotonic()
+        self.memory.revive(self.node)  # a new attempt: this node is back, with whatever its memory still holds
+        own, peer = Area.open(self.own_path), Area.open(self.peer_path) if self.peer_path else None
+        state_dirty = False
+        try:
+            bound = rt.load_max_step
+            reach = {s.step: "peer_memory" for s in (peer.slots() if peer else []) if bound is None or s.step <= bound}
+            reach.update({s.step: "memory" for s in (own.slots() if own else []) if bound is None or s.step <= bound})
+            newest_disk = self.dirs.newest_committed(bound) if rt.rank == 0 else None
+            views: list[Any] = [None] * rt.world_size
+            dist.all_gather_object(views, {"steps": sorted(reach), "disk": newest_disk.step if newest_disk else None})
+            common = set.intersection(*(set(v["steps"]) for v in views))
+            disk_step = views[0]["disk"]
+            if common and (disk_step is None or max(common) >= disk_step):
+                step, t_agreed = max(common), time.monotonic()
+                loaded = self._load_memory(state, step, own, peer)
+                if loaded is not None:
+                    self._drop_newer(step, own, peer)
+                    # where a load from memory spends its time (ckpt_loaded has the total)
+                    rt.events.emit("ckpt_memory_loaded", step=step, source=loaded[1], agree_s=t_agreed - t0,
+                                   read_s=self._read_s, restore_s=time.monotonic() - t_agreed - self._read_s)
+                    return loaded
+                reason = f"the snapshot of step {step} failed its CRC32 check on some rank"
+                state_dirty = True
+            elif common:
+                reason = f"disk checkpoint of step {disk_step} is newer than memory's step {max(common)}"
+            else:
+                missing = [r for r, v in enumerate(views) if not v["steps"]]
+                reason = (f"no snapshot in memory on rank(s) {missing}" if missing
+                          else "no step is held in memory by every rank")
+            if any(v["steps"] for v in views) or disk_step is not None:  # there was something to recover
+                rt.events.emit("ckpt_memory_fallback", reason=reason, memory_steps=sorted(reach), fsync=True)
+            loaded = super()._load(state)
+            if loaded is None and state_dirty:  # partly overwritten by the failed read, and nothing to restore
+                raise RuntimeError(f"in-memory snapshot of step {step} is corrupt and there is no disk checkpoint")
+            self._drop_newer(loaded[0] if loaded else 0, own, peer)
+            return loaded
+        finally:
+            for area in (own, peer):
+                if area is not None:
+                    area.close()
+
+    def _load_memory(self, state: TrainState, step: int, own: Area | None,
+                     peer: Area | None) -> tuple[int, str, int] | None:
+        """Load ``step`` from our own area, else from the peer copy; every rank succeeds, or none uses memory.
+
+        Bytes go straight from the area into the model's and optimizer's own tensors (into new ones where the
+        optimizer has none yet), so a CRC mismatch (``strategy.verify``) is seen only after the read: a rank whose
+        copies all fail has a half-overwritten state (see ``_load``).
+        """
+        t0 = time.monotonic()
+        live = tensor_leaves(native_state(state))  # read in place: their pages are already faulted in
+        done = None
+        for area, source in ((own, "memory"), (peer, "peer_memory")):
+            info = area.find(step) if area is not None else None
+            if info is None:
+                continue
+            crc = [None if info.crc is None else 0]
+
+            def read(ref: TensorRef, dst: torch.Tensor, area: Area = area, info: SlotInfo = info) -> None:
+                crc[0] = area.read_into(info, ref.offset, dst, crc[0])
+
+            restored = self.codec.decode(area.meta(info), read, live)
+            if crc[0] == info.crc:
+                done = (restored, source, info.data_len + info.meta_len)
+                break
+            self.rt.events.emit("ckpt_memory_corrupt", step=step, source=source, area=area.path.name, fsync=True)
+            area.invalidate_newer(step - 1)  # never again: a later attempt must not pick it either
+        self._read_s = time.monotonic() - t0
+        ok = torch.tensor([int(done is not None)], dtype=torch.int64, device=self.rt.device)  # nccl: on device
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # all load from memory, or none does
+        if not ok.item():
+            return None
+        restored, source, nbytes = done
+        restore(state, restored)
+        return step, source, nbytes
+
+    def _drop_newer(self, step: int, own: Area | None, peer: Area | None) -> None:
+        """Snapshots newer than the step training resumes from are an abandoned timeline: never load them."""
+        for area in (own, peer):
+            if area is not None:
+                area.invalidate_newer(step)
+
+    def close(self) -> None:
+        for which in ("own", "peer"):
+            area = getattr(self, which)
+            if area is not None:
+                area.close()
+            setattr(self, which, None)

@@ -1,0 +1,73 @@
+"""``python -m resilience.strategies.inmemory_bench``: recovery load time, in-memory snapshot against sync's disk load.
+
+For each workload it runs real experiments (2 ranks, detector ``process_exit`` only) in which rank 1 is killed
+once 12 steps are done (``checkpoint.every=5``: both strategies reload step 10), with ``strategy=sync`` and with
+``strategy=inmemory`` (plus, with ``--node-loss``, an in-memory run whose killed rank also loses its node's
+memory, so it loads its peer copy). From the ``ckpt_loaded`` events of the restarted attempt it takes the load's
+critical path, from the moment the last rank starts loading to the moment the last rank is done (a rank that
+starts early would only wait for its peer in the load's first collective: start-up skew, not load time), and
+prints the median with the source, the bytes, the speed-up over sync and whether the final state is sync's.
+The target is a load from memory >= 5x faster than sync's. Sync's checkpoint was just written, so its "disk"
+load mostly reads the page cache: the comparison is the harder one for memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from resilience.events import read_events
+from resilience.experiment import run_experiment
+
+STEPS, EVERY, FAULT_STEP = 14, 5, 12  # rank 1 dies once 12 steps are done: both strategies reload step 10
+
+
+def one_run(out: Path, workload: str, strategy: str, fault: str, index: int, no_peer: bool) -> dict:
+    run_dir = out / f"{workload}-{strategy}-{fault}-{index}"
+    extra = ["strategy.ranks_per_node=2"] if no_peer and strategy == "inmemory" and fault == "kill" else []
+    result = run_experiment(run_dir, [f"workload={workload}", f"strategy={strategy}", f"fault={fault}", "fault.rank=1",
+                                      f"fault.at_step={FAULT_STEP}", *extra, f"steps={STEPS}",
+                                      f"checkpoint.every={EVERY}", "world_size=2", "seed=0", "detector=[process_exit]"],
+                            timeout_s=900)
+    loads = [e for e in read_events(run_dir) if e["kind"] == "ckpt_loaded" and e["attempt"] > 0]
+    if result["status"] != "ok" or len(loads) != 2:
+        raise RuntimeError(f"{run_dir}: status {result['status']}, {len(loads)} ckpt_loaded events")
+    span = max(e["t_mono"] for e in loads) - max(e["t_mono"] - e["duration_s"] for e in loads)
+    return {"load_s": span, "bytes": loads[0]["bytes"],
+            "source": "/".join(sorted({e["source"] for e in loads})), "sha": result["final_state_sha256"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m resilience.strategies.inmemory_bench",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["gpt_small"])
+    ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the median load time is shown")
+    ap.add_argument("--node-loss", action="store_true", help="also an in-memory run that loads from the peer copy")
+    ap.add_argument("--no-peer", action="store_true", help="kill runs on one simulated node: no peer copy, half the "
+                    "/dev/shm (2x the state per rank instead of 4x; the load path is the same)")
+    ap.add_argument("--out", type=Path, default=Path("results/inmemory_bench") / time.strftime("%Y-%m-%d_%H-%M-%S"))
+    args = ap.parse_args()
+    configs = [("sync", "kill"), ("inmemory", "kill")] + ([("inmemory", "node_loss")] if args.node_loss else [])
+    print("| workload | strategy | fault | loaded from | MB | load s (median) | runs | x faster than sync | "
+          "final state = sync's |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for workload in args.workloads:
+        # Interleaved (sync, inmemory, sync, ...): on a shared machine both see the same background load.
+        runs: dict[tuple[str, str], list[dict]] = {c: [] for c in configs}
+        for i in range(args.repeats):
+            for strategy, fault in configs:
+                runs[strategy, fault].append(one_run(args.out, workload, strategy, fault, i, args.no_peer))
+        base = statistics.median(r["load_s"] for r in runs["sync", "kill"])
+        ref = runs["sync", "kill"][0]["sha"]
+        for (strategy, fault), done in runs.items():
+            load = statistics.median(r["load_s"] for r in done)
+            same = all(r["sha"] == ref for r in done)
+            print(f"| {workload} | {strategy} | {fault} | {done[0]['source']} | {done[0]['bytes'] / 1e6:.1f} | "
+                  f"{load:.3f} | {', '.join(format(r['load_s'], '.3f') for r in done)} | {base / load:.1f} | "
+                  f"{'yes' if same else 'NO'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""How the in-memory strategy lays training state out in a snapshot, and restores it.
+
+A snapshot holds the *native* state dicts, ``{"model": model.state_dict(), "optim": optimizer.state_dict()}``:
+the tensor bytes, each at a 64-byte-aligned offset, plus a pickled *skeleton*, the same nesting with every tensor
+replaced by a ``TensorRef`` (key, dtype, shape, offset) and every other leaf (hyperparameters, step counts that
+are not tensors) kept. Native, not DCP's fully-qualified form (``TrainState.state_dict``), because a restarted
+rank then restores without DCP's conversions and without initialising a fresh optimizer's state by a zero-lr
+step: every tensor the model and optimizer already hold (parameters, buffers, and the state of an optimizer that
+creates it up front, like Adagrad) is read in place, and the optimizer adopts the others, freshly read. A
+snapshot is read back only by the same run, so the model and optimizer are built the same way.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from resilience.state import TrainState
+from resilience.strategies.shm_store import ALIGN
+
+
+class TensorRef(NamedTuple):
+    """Where one tensor of a snapshot lies in its slot's data (the skeleton holds these instead of tensors)."""
+
+    key: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def native_state(state: TrainState) -> dict[str, Any]:
+    """What a snapshot holds; its tensors are the model's and the optimizer's own (no copies)."""
+    return {"model": state.model.state_dict(), "optim": state.optimizer.state_dict()}
+
+
+def tensor_leaves(obj: Any, key: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor leaf of ``obj``, under the key ``StateCodec.encode`` gives it."""
+    if isinstance(obj, torch.Tensor):
+        return {key: obj}
+    out: dict[str, torch.Tensor] = {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        out.update(tensor_leaves(v, f"{key}.{k}"))
+    return out
+
+
+class StateCodec:
+    """State dict <-> (tensor bytes, skeleton).
+
+    Contract: ``encode(sd, crc)`` returns (data_len, meta, fill): ``fill(buf)`` copies every tensor of ``sd`` into
+    ``buf`` and returns the CRC32 of the tensor bytes in skeleton order (None unless ``crc``). ``decode(meta,
+    read, live)`` rebuilds the state dict: a tensor whose key is in ``live`` is read into that tensor (dtype and
+    shape must match), any other into a new CPU tensor; ``read(ref, dst)`` does the reading. Every ``live`` key
+    must be in the snapshot.
+    """
+
+    def encode(self, sd: dict[str, Any], crc: bool) -> tuple[int, bytes, Callable[[torch.Tensor], int | None]]:
+        tensors: list[tuple[TensorRef, torch.Tensor]] = []
+        end = 0
+
+        def walk(obj: Any, key: str) -> Any:
+            nonlocal end
+            if isinstance(obj, torch.Tensor):
+                ref = TensorRef(key, obj.dtype, tuple(obj.shape), end, obj.numel() * obj.element_size())
+                end += -(-ref.nbytes // ALIGN) * ALIGN
+                tensors.append((ref, obj))
+                return ref
+            if isinstance(obj, dict):
+                return {k: walk(v, f"{key}.{k}") for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(walk(v, f"{key}.{i}") for i, v in enumerate(obj))
+            return obj
+
+        meta = pickle.dumps(walk(sd, ""), protocol=pickle.HIGHEST_PROTOCOL)
+
+        def fill(buf: torch.Tensor) -> int | None:
+            value = 0 if crc else None
+            for ref, t in tensors:
+                if ref.nbytes:
+                    part = buf[ref.offset:ref.offset + ref.nbytes]
+                    part.copy_(t.detach().reshape(-1).view(torch.uint8))
+                    if crc:  # right after the copy, while the bytes are still in cache
+                        value = zlib.crc32(memoryview(part.numpy()), value)
+            return value
+
+        return end, meta, fill
+
+    def decode(self, meta: bytes, read: Callable[[TensorRef, torch.Tensor], None],
+               live: dict[str, torch.Tensor]) -> dict[str, Any]:
+        live = dict(live)
+
+        def walk(obj: Any) -> Any:
+            if isinstance(obj, TensorRef):
+                dst = live.pop(obj.key, None)
+                if dst is None:  # torch.empty: the read fills it, no page is zeroed or touched twice
+                    dst = torch.empty(obj.shape, dtype=obj.dtype)
+                elif dst.dtype != obj.dtype or tuple(dst.shape) != obj.shape:
+                    raise RuntimeError(f"in-memory snapshot does not match the training state at {obj.key}")
+                read(obj, dst)
+                return dst
+            if isinstance(obj, dict):
+                return {k: walk(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(walk(v) for v in obj)
+            return obj
+
+        restored = walk(pickle.loads(meta))
+        if live:
+            raise RuntimeError(f"in-memory snapshot lacks {sorted(live)[:3]} of the training state")
+        return restored
+
+
+def restore(state: TrainState, restored: dict[str, Any]) -> None:
+    """Put a snapshot decoded with ``live=tensor_leaves(native_state(state))`` into ``state``. The model's tensors
+    were read in place: ``load_state_dict``, which would copy each onto itself, runs only if one of them is not a
+    parameter's or buffer's own memory. The optimizer adopts its tensors (same dtype and device: no copy)."""
+    owned = {t.data_ptr() for t in (*state.model.parameters(), *state.model.buffers())}
+    if not all(t.data_ptr() in owned for t in tensor_leaves(restored["model"]).values()):
+        state.model.load_state_dict(restored["model"])
+    state.optimizer.load_state_dict(restored["optim"])

@@ -1,0 +1,119 @@
+"""What the simulated nodes of a run hold in shared memory, and its removal (in-memory checkpointing).
+
+``NodeMemory.destroy(node)`` is the ``RankRuntime.node_memory`` hook of the ``node_loss`` injector: the node's RAM
+is gone with it. ``cleanup(run_dir)`` is the supervisor's, when a run ends: rank processes cannot remove their
+areas (they die). ``claim`` and ``sweep_stale`` cover a supervisor that died before its cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from resilience.strategies import shm_store
+from resilience.strategies.shm_store import PAGE, PREFIX, run_id
+
+
+def node_areas(rid: str, node: int) -> list[Path]:
+    """Every area held on ``node`` (own areas and peer copies)."""
+    return sorted(shm_store.SHM_DIR.glob(f"{PREFIX}{rid}-n{node}-r*"))
+
+
+def node_tombstone(rid: str, node: int) -> Path:
+    return shm_store.SHM_DIR / f"{PREFIX}{rid}-n{node}.lost"
+
+
+class NodeMemory:
+    """What the simulated nodes of one run hold in memory: ``destroy(node)`` wipes one node's areas.
+
+    Set as ``RankRuntime.node_memory``; the ``node_loss`` injector calls ``destroy`` before killing the node's
+    ranks. A tombstone marks the node lost until it rejoins (``revive``, at the next load), so that a peer
+    writing its copy into that node's memory at the same moment cannot bring an area back to life.
+    """
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+    def _tombstone(self, node: int) -> Path:
+        return node_tombstone(self.rid, node)
+
+    def destroy(self, node: int) -> list[str]:
+        """Zero and unlink every area held on ``node`` (own areas and peer copies); return their names."""
+        self._tombstone(node).touch()  # first: a peer that creates an area after this sees it and backs off
+        wiped = []
+        for path in node_areas(self.rid, node):
+            try:
+                fd = os.open(path, os.O_WRONLY)
+            except FileNotFoundError:
+                continue
+            try:  # zero the headers too: a process that still maps the file must not find a snapshot either
+                os.pwrite(fd, bytes(PAGE), 0)
+            finally:
+                os.close(fd)
+            path.unlink(missing_ok=True)
+            wiped.append(path.name)
+        return wiped
+
+    def lost(self, node: int) -> bool:
+        return self._tombstone(node).exists()
+
+    def revive(self, node: int) -> None:
+        """The node is back (a new attempt), with empty memory."""
+        self._tombstone(node).unlink(missing_ok=True)
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "?"
+
+
+def claim(rid: str) -> None:
+    """Record the process that owns the run's areas (a rank's parent: the supervisor or torchrun agent), so
+    that ``sweep_stale`` can remove them if that process dies without cleaning up."""
+    path = shm_store.SHM_DIR / f"{PREFIX}{rid}.owner"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, f"{os.getppid()} {_pid_namespace()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def cleanup(run_dir: str | Path) -> list[str]:
+    """Remove every shared-memory file of the run in ``run_dir``; return their names. Safe to call twice."""
+    return _remove(run_id(run_dir))
+
+
+def _remove(rid: str) -> list[str]:
+    removed = []
+    for path in sorted(shm_store.SHM_DIR.glob(f"{PREFIX}{rid}[-.]*")):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def sweep_stale() -> list[str]:
+    """Remove the areas of runs whose owner (see ``claim``) is dead: a supervisor killed before its cleanup.
+    Only owners in this process's PID namespace are judged; return the run ids swept."""
+    swept = []
+    for owner in shm_store.SHM_DIR.glob(f"{PREFIX}*.owner"):
+        try:
+            pid, ns = owner.read_text().split()
+            os.kill(int(pid), 0)
+            continue  # alive (or alive but not ours: PermissionError below): not stale
+        except ProcessLookupError:
+            if ns != _pid_namespace():
+                continue
+        except (OSError, ValueError):
+            continue
+        rid = owner.name[len(PREFIX):-len(".owner")]
+        _remove(rid)
+        swept.append(rid)
+    return swept
