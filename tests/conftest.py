@@ -12,23 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from reports.cell import processes_mentioning
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs of live processes whose command line contains ``text`` (e.g. a run directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if text in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
