@@ -96,7 +96,7 @@ class StateCodec:
         def walk(obj: Any) -> Any:
             if isinstance(obj, TensorRef):
                 dst = live.pop(obj.key, None)
-                if dst is None:  # torch.empty: the read fills it, no page is zeroed or touched twice
+                if dst is None:  # torch.empty: the read fills it, nothing is initialised first
                     dst = torch.empty(obj.shape, dtype=obj.dtype)
                 elif dst.dtype != obj.dtype or tuple(dst.shape) != obj.shape:
                     raise RuntimeError(f"in-memory snapshot does not match the training state at {obj.key}")
