@@ -165,10 +165,12 @@ class Supervisor:
             result = agent.run()
             outcome = "failed" if result.is_failed() else "succeeded"
         finally:
-            spec.rdzv_handler.shutdown()
-            # The supervisor owns what ranks keep in node memory (in-memory snapshots): the ranks cannot remove
-            # it, since they may die; it goes whatever the outcome.
-            node_memory.cleanup(self.run_dir)
+            try:
+                spec.rdzv_handler.shutdown()
+            finally:
+                # The supervisor owns what ranks keep in node memory (in-memory snapshots): the ranks cannot
+                # remove it, since they may die; it goes whatever the outcome.
+                node_memory.cleanup(self.run_dir)
         events.emit("supervisor_end", outcome=outcome, fsync=True)
         events.close()
         return outcome
