@@ -17,17 +17,23 @@ from reports.cell import processes_mentioning
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``python -m resilience ARGS`` in its own process group; on timeout the whole group is killed."""
-    proc = subprocess.Popen([sys.executable, "-m", "resilience", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def run_module(module: str, *args: str, timeout: float, merge_stderr: bool = False) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` from the repository root in its own process group; killed whole on timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"python -m resilience {' '.join(args)} ran over {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        pytest.fail(f"python -m {module} {' '.join(args)} ran over {timeout} s\n{out[-5000:]}\n{err or ''}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
+
+
+def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``python -m resilience ARGS``."""
+    return run_module("resilience", *args, timeout=timeout)
 
 
 def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict:

@@ -15,22 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT, processes_mentioning
+from conftest import ROOT, processes_mentioning, run_module
 from reports.cell import run_cell
 from reports.matrix import available, load_matrix
 
 
 def snakemake(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``snakemake ARGS`` from the repository root, in its own process group (killed whole on timeout)."""
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"snakemake {' '.join(args)} ran over {timeout} s\n{out[-5000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    """``snakemake ARGS`` from the repository root (stderr merged into stdout), killed whole on timeout."""
+    return run_module("snakemake", *args, timeout=timeout, merge_stderr=True)
 
 
 @pytest.mark.timeout(120)
