@@ -6,7 +6,8 @@ record is written and fsynced *before* the destructive action (a SIGKILLed proce
 the records are also what make each planned point fire only once per run: restarted ranks pass the same steps
 again, find the records in the event log, and do not fire again.
 
-Lifecycle on a rank: ``attach(rt)`` (identity, event log) -> ``arm(state)`` (hooks into the model, if any) ->
+Lifecycle on a rank: ``attach(rt)`` (identity, event log) -> ``hook_reduction(ddp)`` (with ``hooks_reduction``) ->
+``arm(state)`` (hooks into the model, if any) ->
 ``__call__(phase, step)`` at every phase of every step -> ``cleanup()`` when the rank leaves, also on a crash.
 """
 
@@ -94,6 +95,9 @@ class Injector(ABC):
 
     def arm(self, state: Any) -> None:
         """Install hooks into the training state (model, optimizer) if the fault needs them."""
+
+    def hook_reduction(self, ddp: Any) -> None:
+        """With ``hooks_reduction``: register the DDP comm hook (on every DDP wrapper the rank builds)."""
 
     def cleanup(self) -> None:
         """Undo whatever the injector set up; called when the rank leaves, also after an exception."""

@@ -63,17 +63,18 @@ class BitFlip(Injector):
     def _rng(self, index: int) -> random.Random:
         return random.Random(stream_seed(self.seed, self.name, self.target, index))
 
+    def hook_reduction(self, ddp: Any) -> None:
+        # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
+        # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
+        self._reduce = reduce_hook_for(self.rt.world_size)
+
+        def hook(process_group, bucket):
+            return self._comm_hook(process_group, bucket)
+
+        ddp.register_comm_hook(None, hook)
+
     def arm(self, state: Any) -> None:
         self.state = state
-        if self.target == "grads_pre":
-            # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
-            # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
-            self._reduce = reduce_hook_for(self.rt.world_size)
-
-            def hook(process_group, bucket):
-                return self._comm_hook(process_group, bucket)
-
-            state.model.register_comm_hook(None, hook)
         if not self._mine:
             return
         if self.target == "activations":

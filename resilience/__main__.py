@@ -19,7 +19,7 @@ from resilience.config import ConfigError, check_group_choices, resolve
 from resilience.events import EVENTS_FILE
 from resilience.fsio import atomic_write_bytes
 from resilience.result import summarize, write_result
-from resilience.supervisor import Supervisor, say
+from resilience.supervisor import for_run, say
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     recovery = instantiate(cfg.recovery)
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
-    Supervisor(cfg, config_path, detectors, recovery).run()
+    for_run(cfg, config_path, detectors, recovery).run()
     result = write_result(run_dir)
     print(summarize(result), flush=True)
     if result["status"] == "error":

@@ -103,7 +103,7 @@ def _check_roles(cfg: DictConfig, steps: int, world: int) -> None:
         injector = instantiate(cfg.fault)
         injector.validate(world, steps, strategy.every if strategy.saves else None)
         instantiate(cfg.workload, seed=cfg.seed)
-        instantiate(cfg.recovery)
+        policy = instantiate(cfg.recovery)
         for detector in cfg.detectors.values():
             instantiate(detector)
     except ValueError as exc:
@@ -113,3 +113,10 @@ def _check_roles(cfg: DictConfig, steps: int, world: int) -> None:
         if isinstance(cause, ValueError):
             raise ConfigError(str(cause)) from None
         raise ConfigError(f"{type(cause).__name__}: {cause}") from None
+    if strategy.recovers_in_place:
+        if policy.on_silent == "rollback":
+            raise ConfigError(f"recovery={cfg.choices.get('recovery')}: strategy={strategy.name} keeps no "
+                              f"checkpoint to roll back to; use recovery=restart or recovery=fail")
+        if cfg.supervisor.launcher != "local":
+            raise ConfigError(f"supervisor.launcher={cfg.supervisor.launcher}: strategy={strategy.name} needs the "
+                              f"local supervisor, which replaces failed ranks (torchrun restarts every rank)")

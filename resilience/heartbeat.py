@@ -75,8 +75,10 @@ def read_board(run_dir: Path, world_size: int) -> list[tuple[int, int, float, fl
     return [SLOT.unpack_from(data, r * SLOT.size) for r in range(world_size)]
 
 
-def reset_board(run_dir: Path, world_size: int) -> None:
-    """Clear all slots (a new attempt: nobody has beaten yet)."""
+def reset_board(run_dir: Path, world_size: int, ranks: list[int] | None = None) -> None:
+    """Clear the slots of ``ranks`` (default: all; a new attempt, or replaced ranks: they have not beaten yet)."""
     path = Path(run_dir) / BOARD_FILE
     with open(path, "r+b") as f:
-        f.write(b"\0" * SLOT.size * world_size)
+        for rank in range(world_size) if ranks is None else ranks:
+            f.seek(rank * SLOT.size)
+            f.write(b"\0" * SLOT.size)

@@ -76,7 +76,8 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
         "detection_latency_s": None, "detections": {},
         "recovered": False, "recovery_time_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},
-        "lost_steps": None,
+        "lost_steps": None, "recovery_source": None, "recovery_bytes": None, "recovery_load_s": None,
+        "survivors_restarted": None,
         "false_alarms": sum(1 for e in events if e["kind"] == "fault_detected"
                             and (fault is None or e["t_mono"] < fault["t_mono"])),
     }
@@ -92,12 +93,20 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
         out.update(detected=True, detector=detection["detector"], detected_rank=detection.get("blamed_rank"),
                    detected_rank_correct=detection.get("blamed_rank") in targets,
                    detection_latency_s=detection["t_mono"] - t0)
-    later = [e for e in rank0 if e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
+    # The recovery as one restarted rank lived it: rank 0 when every rank restarts, else a replaced rank.
+    restart = next((e for e in events if e["kind"] == "restart" and e["rank"] is None and e["t_mono"] >= t0), None)
+    who = min(restart["ranks"]) if restart and restart.get("ranks") else 0
+    later = [e for e in events if e["rank"] == who and e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
     start = _first(later, "run_start")
     if start is None:
         return out
     loaded = _first(later, "ckpt_loaded", attempt=start["attempt"])
-    out["lost_steps"] = fault["step"] - (loaded["step"] if loaded else 0)
+    # In place, survivors may be one step past the fault when it hits: nothing was lost then, not -1 steps.
+    out["lost_steps"] = max(0, fault["step"] - (loaded["step"] if loaded else 0))
+    out["recovery_source"] = loaded["source"] if loaded else "none"
+    out["recovery_bytes"] = loaded["bytes"] if loaded else 0
+    out["recovery_load_s"] = loaded["duration_s"] if loaded else None
+    out["survivors_restarted"] = restart is not None and not restart.get("ranks")
     resumed = _first(later, "resumed")
     if resumed is None or status != "ok":
         return out

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from resilience.detectors.process_exit import RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.events import EventLog, read_events
+from resilience.group import RankGroup
 from resilience.heartbeat import Beater
 from resilience.reduce import install as install_reduce
 from resilience.runtime import RankRuntime
@@ -75,13 +76,12 @@ def run_rank(cfg: DictConfig) -> None:
     events = EventLog(run_dir, rank, attempt)
     detectors: RankDetectors | None = None
     try:
-        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=float(cfg.timeouts.collective_s)))
-        attempt = events.attempt = agreed_attempt(attempt, device)
+        group = RankGroup(cfg.backend, rank, world, float(cfg.timeouts.collective_s))
+        group.join()
+        # In place, the supervisor numbers the generations; under an elastic agent the ranks agree on it.
+        attempt = events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
         workload = instantiate(cfg.workload, seed=int(cfg.seed))
-        model = workload.build_model().to(device)
-        ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-        state = TrainState(ddp, workload.build_optimizer(ddp))
         strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         injector = instantiate(cfg.fault)
         injector.validate(world, int(cfg.steps), strategy.every if strategy.saves else None)
@@ -89,10 +89,11 @@ def run_rank(cfg: DictConfig) -> None:
         detectors = RankDetectors([instantiate(d) for d in cfg.detectors.values()], policy)
         rt = RankRuntime(rank=rank, world_size=world, attempt=attempt, device=device, run_dir=run_dir,
                          ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector,
-                         load_max_step=rollback_bound(run_dir, attempt))
+                         load_max_step=rollback_bound(run_dir, attempt), group=group)
         injector.attach(rt)
-        if not injector.hooks_reduction:  # an injector that hooks the reduction ends in the same one itself
-            install_reduce(ddp, world)
+        rt.wrap_model = ModelWrapper(rt, injector, in_place=group.in_place)
+        ddp = rt.wrap_model(workload.build_model().to(device))
+        state = TrainState(ddp, workload.build_optimizer(ddp))
         injector.arm(state)
         detectors.attach(rt, state)
         strategy.attach(rt)
@@ -116,6 +117,24 @@ def run_rank(cfg: DictConfig) -> None:
         sys.exit(1)
     finally:
         events.close()
+
+
+class ModelWrapper:
+    """Wraps the bare model in DDP over the current group, with the run's gradient reduction."""
+
+    def __init__(self, rt: RankRuntime, injector, in_place: bool) -> None:
+        self.rt, self.injector, self.in_place = rt, injector, in_place
+
+    def __call__(self, module: torch.nn.Module) -> DDP:
+        device = self.rt.device
+        # In place, survivors and replacement may hold different states until the strategy reconciles them:
+        # DDP must not broadcast rank 0's parameters over them (at generation 0 all are equal anyway).
+        ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None, init_sync=not self.in_place)
+        if self.injector.hooks_reduction:  # an injector that hooks the reduction ends in the same one itself
+            self.injector.hook_reduction(ddp)
+        else:
+            install_reduce(ddp, self.rt.world_size)
+        return ddp
 
 
 def rollback_bound(run_dir: Path, attempt: int) -> int | None:

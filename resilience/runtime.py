@@ -38,3 +38,7 @@ class RankRuntime:
     # accept a checkpoint only if this check passes: ``ckpt_verifier(dirs, entry) -> bool``.
     load_max_step: int | None = None
     ckpt_verifier: Any = None
+    # The process group (``resilience.group.RankGroup``) and how to wrap the bare model for it (DDP with the
+    # run's reduction): a strategy that re-forms the group in place wraps the model again.
+    group: Any = None
+    wrap_model: Any = None

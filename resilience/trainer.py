@@ -10,6 +10,9 @@ One attempt on one rank:
    it calls ``fault_hook("during_checkpoint")`` inside the write);
 3. ``strategy.wait`` until every save is durable, then the final state hash goes into ``run_end``.
 
+When a step raises a ``RuntimeError`` (a collective failed: a peer died), ``strategy.recover`` either recovers in
+place and names the step to go on from (``replica``), or re-raises and this process fails (every other strategy).
+
 Beats go to the heartbeat board that the supervisor's hang and straggler detectors read.
 
 Positions ("step" in events and in ``fault.at_step``) count completed optimizer steps, so a checkpoint at step
@@ -50,41 +53,55 @@ class Trainer:
         """Train to ``steps``; return the SHA-256 of the final model and optimizer state."""
         rt, ev = self.rt, self.rt.events
         start = self.strategy.load(self.state)
-        ev.step = start
+        ev.step = self.position = start
         self._check_resumed(start)
         last_t, last_step = time.monotonic(), start
-        for step in range(start, self.steps):
-            t0 = time.monotonic()
-            rt.fault_hook("before_forward", step)
-            self.beater.beat(step, STEP_START)
-            loss = self._forward_backward(step)
-            self.beater.beat(step, BACKWARD_DONE)
-            rt.fault_hook("before_optimizer_step", step)
-            loss_value = loss.item()
-            self.detectors.on_backward(step, loss_value)
-            self.state.optimizer.step()
-            self.state.optimizer.zero_grad(set_to_none=True)
-            self.beater.beat(step, STEP_DONE)
-            ev.step = step + 1
-            ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)
-            self.detectors.on_step_end(step)
-            if self.strategy.due(step + 1, self.steps):
-                self.beater.beat(step, CKPT_IO)  # a slow save is not a hang: the longer deadline applies
-                self.strategy.save(step + 1, self.steps, self.state)
-                self.beater.beat(step, STEP_DONE)
-            self._check_resumed(step + 1)
-            if rt.rank == 0 and ((step + 1) % self.log_every == 0 or step + 1 == self.steps):
+        step = start
+        while step < self.steps:
+            try:
+                loss_value = self._step(step)
+            except RuntimeError as exc:  # a collective failed (torch's DistError is a RuntimeError): a peer died
+                step = self.strategy.recover(self.state, self.position, exc)
+                ev.step = step
+                continue
+            step += 1
+            if rt.rank == 0 and (step % self.log_every == 0 or step == self.steps):
                 now = time.monotonic()
-                rate = (step + 1 - last_step) / max(now - last_t, 1e-9)
-                print(f"[rank 0 attempt {rt.attempt}] step {step + 1}/{self.steps}  loss {loss_value:.4f}  "
+                rate = (step - last_step) / max(now - last_t, 1e-9)
+                print(f"[rank 0 attempt {rt.attempt}] step {step}/{self.steps}  loss {loss_value:.4f}  "
                       f"{rate:.1f} steps/s", flush=True)
-                last_t, last_step = now, step + 1
+                last_t, last_step = now, step
         self.beater.beat(self.steps, FINISHED)
         self.strategy.wait()
         digest = state_sha256(self.state.state_dict())
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
         ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
         return digest
+
+    def _step(self, step: int) -> float:
+        """One training step and what follows it; ``self.position`` counts the optimizer steps applied so far."""
+        rt, ev = self.rt, self.rt.events
+        t0 = time.monotonic()
+        rt.fault_hook("before_forward", step)
+        self.beater.beat(step, STEP_START)
+        loss = self._forward_backward(step)
+        self.beater.beat(step, BACKWARD_DONE)
+        rt.fault_hook("before_optimizer_step", step)
+        loss_value = loss.item()
+        self.detectors.on_backward(step, loss_value)
+        self.state.optimizer.step()
+        self.position = step + 1
+        self.state.optimizer.zero_grad(set_to_none=True)
+        self.beater.beat(step, STEP_DONE)
+        ev.step = step + 1
+        ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)
+        self.detectors.on_step_end(step)
+        if self.strategy.due(step + 1, self.steps):
+            self.beater.beat(step, CKPT_IO)  # a slow save is not a hang: the longer deadline applies
+            self.strategy.save(step + 1, self.steps, self.state)
+            self.beater.beat(step, STEP_DONE)
+        self._check_resumed(step + 1)
+        return loss_value
 
     def _forward_backward(self, step: int) -> torch.Tensor:
         # Re-seed the global generator from the step: anything stochastic replays identically after a restart.

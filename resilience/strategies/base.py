@@ -18,6 +18,9 @@ class CheckpointStrategy(ABC):
 
     name: str = "base"
     saves: bool = True  # False for strategies that never write a checkpoint
+    # True: survivors of a failure keep running and ``recover`` in place; the supervisor replaces only the failed
+    # ranks (``resilience.replacing``). False: every rank is restarted and calls ``load``.
+    recovers_in_place: bool = False
 
     def __init__(self, every: int, keep: int) -> None:
         for key, value in (("every", every), ("keep", keep)):
@@ -51,6 +54,11 @@ class CheckpointStrategy(ABC):
         self.rt.events.emit("ckpt_loaded", step=step, source=source, bytes=nbytes,
                             duration_s=time.monotonic() - t0)
         return step
+
+    def recover(self, state: TrainState, position: int, error: BaseException) -> int:
+        """A collective failed with ``error`` after ``position`` optimizer steps: recover in place and return the
+        position to go on from, or re-raise ``error`` (the default: this process fails and is restarted)."""
+        raise error
 
     def wait(self) -> None:
         """Block until every save started so far is durable; re-raise a failure of a background save."""

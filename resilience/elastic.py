@@ -1,0 +1,125 @@
+"""Restart-all recovery: PyTorch's elastic agent (what torchrun runs) with the benchmark's eyes on it.
+
+``LocalElasticAgent`` spawns the rank processes after a c10d rendezvous, polls them every
+``supervisor.monitor_interval_s`` and, when one fails, stops all and restarts the group within its restart budget.
+The subclass adds only observation: failures go through the detectors into ``fault_detected`` events, a hung rank
+named by the heartbeat is killed, and every restart is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import uuid
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+from resilience.events import EventLog
+from resilience.heartbeat import reset_board
+from resilience.observer import Observer, kill_hard, say
+from resilience.supervisor import Supervisor
+
+
+class ObservedAgent(LocalElasticAgent):
+    """The elastic agent, reporting what it sees to the event log and the console."""
+
+    def __init__(self, *args, events: EventLog, observer: Observer, policy: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._events, self._observer, self._policy = events, observer, policy
+        self._reported = False  # one failure per attempt: later failures are the same fault spreading
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # Look before the agent does: on the first failure its poll also SIGTERMs the surviving ranks and waits
+        # for them, which would both delay the detection and blur which rank died first.
+        if not self._reported:
+            exited = self._failed_exit_codes(worker_group)
+            if exited:
+                self._reported = True
+                self._observer.exited(exited)
+                self._resume_all()  # the agent's poll is about to stop the others
+            else:
+                doomed = self._observer.poll()
+                if doomed:
+                    self._reported = True
+                    pids = self._pcontext.pids()
+                    for w in worker_group.workers:
+                        if w.global_rank in doomed:
+                            kill_hard(pids[w.local_rank])
+        return super()._monitor_workers(worker_group)
+
+    def _failed_exit_codes(self, worker_group: WorkerGroup) -> dict[int, int]:
+        """Global rank -> exit code of every rank process that has exited with a failure (non-blocking)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", {})  # SubprocessContext: one Popen per rank
+        codes = {}
+        for local_rank, handler in handlers.items():
+            code = handler.proc.poll()
+            if code:
+                codes[worker_group.workers[local_rank].global_rank] = code
+        return codes
+
+    def _resume_all(self) -> None:
+        """SIGCONT every rank: one frozen with SIGSTOP would sit on SIGTERM until the grace period ends."""
+        for pid in self._pcontext.pids().values() if self._pcontext else ():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._resume_all()
+        super()._stop_workers(worker_group)
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        self._events.attempt += 1
+        used = worker_group.spec.max_restarts - self._remaining_restarts
+        self._events.emit("restart", policy=self._policy, restart=used, max_restarts=worker_group.spec.max_restarts)
+        say(f"restarting all ranks (restart {used} of {worker_group.spec.max_restarts})")
+        reset_board(self._observer.run_dir, worker_group.spec.local_world_size)
+        self._reported = False
+        super()._restart_workers(worker_group)
+
+
+class ElasticSupervisor(Supervisor):
+    """Every failure stops all ranks and starts them again; they reload the newest good checkpoint."""
+
+    mode = "restart_all"
+
+    def _run(self, events: EventLog, observer: Observer) -> str:
+        # torchelastic logs verbosely at INFO: keep it in supervisor.log, off the console.
+        tel = logging.getLogger("torch.distributed.elastic")
+        tel.propagate = False
+        tel.handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+        # A fresh TCPStore per attempt, hosted by rank 0: with the store shared across restarts (the default since
+        # torch 2.4) a restarted rank can read its peer's address from the previous attempt and fail to connect
+        # (pytorch/pytorch#135712). Rank processes inherit this setting.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        params = RendezvousParameters(backend="c10d", endpoint="localhost:0", run_id=f"rb-{uuid.uuid4().hex[:12]}",
+                                      min_nodes=1, max_nodes=1)
+        spec = WorkerSpec(
+            role="rank",
+            local_world_size=self.world_size,
+            entrypoint=sys.executable,
+            args=("-u", "-m", "resilience.rank", str(self.config_path)),
+            rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+            max_restarts=self.max_restarts,
+            monitor_interval=float(self.cfg.supervisor.monitor_interval_s),
+        )
+        agent = ObservedAgent(
+            spec=spec,
+            logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / "elastic")),
+            exit_barrier_timeout=5,
+            shutdown_timeout=int(self.cfg.timeouts.shutdown_s),
+            events=events,
+            observer=observer,
+            policy=self.policy.name,
+        )
+        try:
+            return "failed" if agent.run().is_failed() else "succeeded"
+        finally:
+            spec.rdzv_handler.shutdown()
