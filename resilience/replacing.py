@@ -40,6 +40,7 @@ class ReplacingSupervisor(Supervisor):
         store.set(GENERATION_KEY, "0")
         self._store_at = f"127.0.0.1:{store.port}"
         self._procs: dict[int, subprocess.Popen] = {}
+        killed: set[int] = set()  # ranks a detector had aborted: their exit is no news
         generation, left = 0, self.max_restarts
         interval = float(self.cfg.supervisor.monitor_interval_s)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -54,9 +55,12 @@ class ReplacingSupervisor(Supervisor):
                 if not failed:
                     for rank in observer.poll():
                         kill_hard(self._procs[rank].pid)  # it shows up as failed at the next poll
+                        killed.add(rank)
                     time.sleep(interval)
                     continue
-                observer.exited(failed)
+                if set(failed) - killed:
+                    observer.exited({r: c for r, c in failed.items() if r not in killed})
+                killed.clear()
                 if left == 0:
                     say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
                     return "failed"

@@ -8,8 +8,8 @@ step, which is exact only in exact arithmetic; here the step is *redone* instead
 advanced replica (whose gradient sum was complete, so its state is the fault-free one) to every rank behind it.
 The copy is exact, so the recovered run stays bit-identical to the fault-free run.
 
-Tensors are sent one by one, point to point, straight into freshly allocated receive buffers: no staging copy,
-so a 1 GB state needs 1 GB of buffers on the receiver, not 2.
+Tensors are sent one by one, point to point, and received straight into the receiver's own parameters and
+optimizer state: no staging copy, so a 1 GB state needs no extra 1 GB on either side.
 """
 
 from __future__ import annotations
@@ -76,19 +76,29 @@ def send_state(state: TrainState, dst: int, device: torch.device) -> int:
 
 
 def recv_state(state: TrainState, src: int, device: torch.device) -> int:
-    """Receive the state that ``send_state`` sends and load it into ``state``; return the bytes received."""
+    """Receive the state that ``send_state`` sends and load it into ``state``; return the bytes received.
+
+    Each tensor is received straight into this rank's own tensor at the same place when they match (the live
+    parameter or optimizer state, so the final load copies nothing), else into a new buffer.
+    """
     box: list[Any] = [None]
     dist.recv_object_list(box, src=src, device=device)
-    received: list[torch.Tensor] = []
+    own: list[torch.Tensor] = []
+    _hollow(state.state_dict(), own)  # a replacement's own (initial) state, in the same order if it matches
+    nbytes = 0
 
     def fill(slot: _Slot) -> torch.Tensor:
-        t = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+        nonlocal nbytes
+        mine = own[slot.index] if slot.index < len(own) else None
+        in_place = (mine is not None and tuple(mine.shape) == slot.shape and mine.dtype == slot.dtype
+                    and mine.device == device and mine.is_contiguous())
+        t = mine if in_place else torch.empty(slot.shape, dtype=slot.dtype, device=device)
         dist.recv(t, src=src)
-        received.append(t)
-        return t.to(slot.device)
+        nbytes += t.numel() * t.element_size()
+        return t if in_place else t.to(slot.device)
 
     state.load_state_dict(_fill(box[0], fill))
-    return sum(t.numel() * t.element_size() for t in received)
+    return nbytes
 
 
 def _hollow(obj: Any, tensors: list[torch.Tensor]) -> Any:
