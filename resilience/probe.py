@@ -9,7 +9,8 @@ a strategy gets (e.g. "sync writes at 80% of the disk's bandwidth"):
 * ``read_GBps``: sequential read of that file after dropping it from the page cache with
   ``posix_fadvise(DONTNEED)`` (``read_cold`` says whether the drop was possible);
 * ``memcpy_GBps``: ``Tensor.copy_`` between preallocated host buffers on one thread (as a rank snapshots);
-* ``rank_start_s``: spawning ``ranks`` processes that import torch and initialise a gloo process group.
+* ``rank_start_s``: spawning two processes that import torch and initialise a gloo process group;
+* ``p2p_GBps``: gloo send/recv of 256 MiB between those two (best of 3): how fast a replica's state travels.
 
 Results are cached per host and file system (``~/.cache/resilience-bench/limits-<host>.json``, keyed by the
 directory's device number); ``load_limits`` returns the cached figures and probes only when they are missing.
@@ -36,12 +37,24 @@ from resilience.fsio import atomic_write_json
 
 CACHE_DIR = Path(os.environ.get("RESILIENCE_CACHE", Path.home() / ".cache" / "resilience-bench"))
 CHUNK = 8 << 20
+FIGURES = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s", "p2p_GBps")
 _RANK_CHILD = """
 import os, sys, time
-import torch.distributed as dist
+import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()
 print(time.time(), flush=True)
+# Point-to-point bandwidth from rank 1 to rank 0, between buffers whose pages are mapped: the transport a
+# replica's state travels over. Best of 3.
+rank, n = dist.get_rank(), int(os.environ["P2P_MB"]) << 20
+buf = torch.ones(n, dtype=torch.uint8)
+best = 0.0
+for _ in range(3):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.send(buf, 1 - rank) if rank == 1 else dist.recv(buf, 1)
+    best = max(best, n / (time.perf_counter() - t0))
+print(best / 1e9, flush=True)
 dist.destroy_process_group()
 """
 
@@ -119,34 +132,36 @@ def measure_memcpy(size_mb: int = 256) -> float:
         torch.set_num_threads(threads)
 
 
-def measure_rank_start(ranks: int = 2, timeout_s: float = 60) -> float:
-    """Seconds from spawning ``ranks`` interpreters to all of them having torch imported and a gloo group up."""
+def measure_ranks(p2p_mb: int = 256, timeout_s: float = 60) -> dict[str, float]:
+    """``rank_start_s``: seconds from spawning two interpreters to all of them having torch imported and a gloo
+    group up; ``p2p_GBps``: gloo send/recv bandwidth between two of them (rank 0 receiving)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
-            "OMP_NUM_THREADS": "1"}
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1", "P2P_MB": str(p2p_mb)}
     t0 = time.time()
     procs = [subprocess.Popen([sys.executable, "-c", _RANK_CHILD], env={**base, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(ranks)]
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for r in range(2)]
     try:
-        ready = [float(p.communicate(timeout=timeout_s)[0].split()[0]) for p in procs]
+        outs = [p.communicate(timeout=timeout_s)[0].split() for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return max(ready) - t0
+    return {"rank_start_s": max(float(o[0]) for o in outs) - t0, "p2p_GBps": float(outs[0][1]),
+            "p2p_bytes": p2p_mb << 20}
 
 
-def probe(ckpt_dir: str | Path, size_mb: int = 1024, ranks: int = 2) -> dict[str, Any]:
+def probe(ckpt_dir: str | Path, size_mb: int = 1024) -> dict[str, Any]:
     """Measure every limit for ``ckpt_dir``'s file system (created if missing)."""
     path = Path(ckpt_dir)
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     limits = {"host": socket.gethostname(), "key": _cache_key(path), "dir": str(path.resolve()),
-              **measure_disk(path, size_mb), "memcpy_GBps": measure_memcpy(), "rank_start_s": measure_rank_start(ranks),
-              "rank_start_ranks": ranks, "torch": torch.__version__, "measured_at": time.time()}
+              **measure_disk(path, size_mb), "memcpy_GBps": measure_memcpy(), **measure_ranks(),
+              "rank_start_ranks": 2, "torch": torch.__version__, "measured_at": time.time()}
     limits["probe_s"] = time.perf_counter() - t0
     return limits
 
@@ -169,7 +184,7 @@ def load_limits(ckpt_dir: str | Path, refresh: bool = False, size_mb: int = 1024
     key = _cache_key(where)
     cache_file = _cache_file()
     cache = _read_cache()
-    if refresh or key not in cache:
+    if refresh or not set(FIGURES) <= set(cache.get(key, {})):  # absent, or cached by an older probe
         cache[key] = probe(where, size_mb)  # the nearest existing directory: same file system, nothing created
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(cache_file, cache)
@@ -185,7 +200,8 @@ def describe(limits: dict[str, Any]) -> str:
             f"  disk read ({'cold' if limits['read_cold'] else 'possibly cached'})  {limits['read_GBps']:.2f} GB/s\n"
             f"  host memcpy (1 thread)  {limits['memcpy_GBps']:.2f} GB/s\n"
             f"  rank start ({limits['rank_start_ranks']} ranks: python + torch + gloo init)  "
-            f"{limits['rank_start_s']:.2f} s")
+            f"{limits['rank_start_s']:.2f} s\n"
+            f"  rank-to-rank transfer (gloo send/recv)  {limits['p2p_GBps']:.2f} GB/s")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 
 @dataclass
@@ -25,10 +24,14 @@ class TrainState:
         Only call this once the optimizer has state (after a step) or right before loading: on a fresh optimizer
         PyTorch initialises the state with a zero-learning-rate step, which would advance Adam's step count.
         """
+        from torch.distributed.checkpoint.state_dict import get_state_dict  # ~0.5 s to import: only when used
+
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
 
