@@ -3,7 +3,8 @@
 A pure function of the YAML (and of the option files in ``conf/``), used by the Snakefile, the aggregation and the
 tests alike. A matrix file holds::
 
-    axes:        every axis in AXES, each a non-empty list (fault entries: ``none`` or {name: kill, phase: ...})
+    axes:        every axis in AXES, each a non-empty list (fault entries: ``none`` or {name: kill, phase: ...});
+                 ``recovery`` may be left out (then set it in ``overrides``, or the default applies)
     exclude:     [{axis or fault.<param>: value or [values]}, ...]   cells matching all keys of one entry are dropped
     reference:   {strategy: none}                                    the fault-free run every cell is compared with
     overrides:   {recovery: restart, ...}                            extra Hydra overrides for every cell
@@ -120,7 +121,7 @@ def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = C
             raise MatrixError(f"{where}: {key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
     axes = parse_axes(spec.get("axes"), where, conf_dir)
     excludes = parse_excludes(spec.get("exclude") or [], axes, where, conf_dir)
-    extra = parse_overrides(spec.get("overrides") or {}, where)
+    extra = parse_overrides(spec.get("overrides") or {}, where, axes)
     ref_strategy = parse_reference(spec.get("reference") or {"strategy": "none"}, where, conf_dir)
     runtime = spec.get("runtime_min", 20)
     if isinstance(runtime, bool) or not isinstance(runtime, int) or runtime < 1:
@@ -153,6 +154,8 @@ def _group(values: dict[str, Any]) -> tuple:
 def _name(v: dict[str, Any]) -> str:
     parts = [v["workload"], v["strategy"], v["fault"].label, ".".join(v["detectors"]),
              f"every{v['checkpoint.every']}", f"ws{v['world_size']}", f"steps{v['steps']}", f"seed{v['seed']}"]
+    if v["recovery"] is not None:
+        parts.append(v["recovery"])
     return "-".join(str(p) for p in parts)
 
 
@@ -160,7 +163,8 @@ def _cell_overrides(v: dict[str, Any], extra: list[str]) -> list[str]:
     fault: Fault = v["fault"]
     return [f"workload={v['workload']}", f"strategy={v['strategy']}", *fault.overrides(),
             f"detector=[{','.join(v['detectors'])}]", f"checkpoint.every={v['checkpoint.every']}",
-            f"world_size={v['world_size']}", f"steps={v['steps']}", f"seed={v['seed']}", *extra]
+            f"world_size={v['world_size']}", f"steps={v['steps']}", f"seed={v['seed']}",
+            *([f"recovery={v['recovery']}"] if v["recovery"] is not None else []), *extra]
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ SAFE = re.compile(r"[A-Za-z0-9_.=-]+")
 AXES: dict[str, tuple[str | None, int]] = {
     "workload": ("workload", 0), "strategy": ("strategy", 0), "fault": ("fault", 0), "detectors": ("detector", 0),
     "checkpoint.every": (None, 1), "seed": (None, 0), "world_size": (None, 1), "steps": (None, 1),
+    "recovery": ("recovery", 0),
 }
+# Axes a matrix may leave out: then they take one value, None (the run's default or ``overrides``), and stay out
+# of the cell names, so that a matrix without them keeps its names.
+OPTIONAL_AXES = ("recovery",)
 
 
 class MatrixError(ValueError):
@@ -47,6 +51,9 @@ def parse_axes(raw: Any, where: str, conf_dir: Path) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for axis, (group, minimum) in AXES.items():
         values = raw.get(axis)
+        if values is None and axis in OPTIONAL_AXES:
+            out[axis] = [None]
+            continue
         if not isinstance(values, list) or not values:
             raise MatrixError(f"{where}: axes.{axis}: must be a non-empty list")
         key = f"{where}: axes.{axis}"
@@ -175,12 +182,13 @@ def matches(values: dict[str, Any], rule: dict[str, list[Any]]) -> bool:
     return True
 
 
-def parse_overrides(raw: Any, where: str) -> list[str]:
+def parse_overrides(raw: Any, where: str, axes: dict[str, list[Any]]) -> list[str]:
     if not isinstance(raw, dict):
         raise MatrixError(f"{where}: overrides: must be a mapping of Hydra key to value, e.g. {{recovery: restart}}")
     out = []
     for k, v in raw.items():
-        if k in AXES or k in ("fault", "detector") or str(k).startswith(("fault.", "hydra.")):
+        axis_set = k in AXES and axes.get(k) != [None]  # an optional axis left out may be set here
+        if axis_set or k in ("fault", "detector") or str(k).startswith(("fault.", "hydra.")):
             raise MatrixError(f"{where}: overrides.{k}: set by the axes (or the pipeline); not allowed here")
         out.append(f"{k}={hydra_value(v)}")
     return out

@@ -30,16 +30,23 @@ RESULT_METRICS: list[tuple[str, str]] = [
     ("detection_latency_s", "From the fault's injection to that first detection."),
     ("false_alarms", "Detections before the fault was injected (in a fault-free run: every detection)."),
     ("recovered", "The run ended ok and training resumed after the fault."),
-    ("recovery_time_s", "From the fault's injection until rank 0 is back at the step where the fault hit "
-                        "(event resumed): the training progress is regained."),
+    ("recovery_time_s", "From the fault's injection until the restarted rank (rank 0 when every rank restarts; "
+                        "the replaced rank under strategy=replica) is back at the step where the fault hit (event "
+                        "resumed): the training progress is regained."),
     ("recovery_breakdown_s.detect", "Injection to detection (the detection latency)."),
-    ("recovery_breakdown_s.restart", "Detection to rank 0's start in the new attempt: tearing the old group down, "
-                                     "relaunching the processes, rendezvous, process group set-up."),
-    ("recovery_breakdown_s.load", "The new attempt's start to its checkpoint being loaded (zero when there was no "
-                                  "checkpoint to load and training restarted from step 0)."),
+    ("recovery_breakdown_s.restart", "Detection to that rank's start in the new attempt: tearing the old group "
+                                     "down, relaunching the processes, rendezvous, process group set-up."),
+    ("recovery_breakdown_s.load", "The new attempt's start to its state being loaded: building model and optimizer, "
+                                  "then reading the checkpoint or receiving a replica's state (zero when there was "
+                                  "nothing to load and training restarted from step 0)."),
+    ("recovery_source, recovery_bytes, recovery_load_s", "Where the restarted rank's state came from (disk, own or "
+                                                         "peer memory, replica:<rank>), how many bytes it loaded, and "
+                                                         "how long the strategy's load itself took."),
+    ("survivors_restarted", "Whether the ranks that did not fail were restarted too (false only with "
+                            "strategy=replica, whose survivors re-form the group in place)."),
     ("recovery_breakdown_s.replay", "Checkpoint loaded to back at the fault's step: recomputing the lost steps."),
     ("lost_steps", "The fault's step minus the step of the checkpoint the new attempt loaded (minus 0 when it "
-                   "started from scratch): work done twice."),
+                   "started from scratch): work done twice; never below 0 (a replica may be one step past it)."),
     ("goodput", "Productive step time over wall time: the durations of all training steps, each step counted "
                 "once, from the attempt whose result survived (a replayed step replaces the lost one), divided by "
                 "wall_time_s. Start-up, checkpoint stalls, recovery and lost work all lower it; in these short "

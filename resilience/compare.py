@@ -1,19 +1,20 @@
 """``python -m resilience.compare``: the checkpoint-strategy comparison, measured end to end.
 
 For each workload (default: ``gpt_tiny`` and ``dlrm_emb``, 2 ranks) and each strategy (default: sync, async,
-dcp_async; any ``conf/strategy/<name>.yaml`` can be named, e.g. inmemory or replica once they exist), it runs
-a fault-free experiment and one in which rank 1 is SIGKILLed *during* a checkpoint (``fault.phase=
-during_checkpoint``), then prints one table row per (workload, strategy):
+dcp_async, inmemory, replica; any ``conf/strategy/<name>.yaml`` can be named), it runs a fault-free experiment
+and one in which rank 1 is SIGKILLed *during* a checkpoint (``fault.phase=during_checkpoint``; before the forward
+pass of the same step for a strategy that never checkpoints), then prints one table row per (workload, strategy):
 
 stall (training-visible, median), durable (checkpoint begin -> committed), size, write bandwidth
 (bytes / durable time) and its share of the probed disk write limit (``resilience.probe``), step time, where the
-recovery loaded from, load and total recovery time, lost steps, and whether both runs ended bit-identical to the
-workload's fault-free reference (the first strategy's fault-free run). Every run uses the same detector set
-(``--detectors``, default ``process_exit``), so that only the strategy differs.
+recovery loaded from (disk, own or peer memory, a live replica), the bytes it moved and the time the strategy took
+to load them, the total recovery time (fault to training again), lost steps, whether the survivors were restarted,
+and whether both runs ended bit-identical to the workload's fault-free reference (the first strategy's fault-free
+run). Below the table, the targets of the strategy issue, each with its figures and MET or MISSED. Every run uses
+the same detector set (``--detectors``, default ``process_exit``), so that only the strategy differs.
 
 Outputs go to ``--out`` (default ``results/compare/<timestamp>``): the run directories, ``table.md`` and
-``runs.csv`` (one row per run, columns as ``resilience.projection`` reads them). ~7 minutes on 2 idle CPU cores
-(11 on the same cores shared with other jobs).
+``runs.csv`` (one row per run, columns as ``resilience.projection`` reads them). ~10 minutes on 2 idle CPU cores.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilience.events import read_events
 from resilience.probe import load_limits
 
 ROOT = Path(__file__).resolve().parent.parent
-STRATEGIES = ("sync", "async", "dcp_async")
+STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica")
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ PLANS = {
 
 def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
             detectors: str = "process_exit", keep_checkpoints: bool = False) -> dict[str, Any]:
-    """One experiment as a subprocess (own process group, killed on timeout); its result plus recovery source."""
-    fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", "fault.phase=during_checkpoint"]
+    """One experiment as a subprocess (own process group, killed on timeout); its result."""
+    phase = "during_checkpoint" if _saves(strategy) else "before_forward"
+    fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", f"fault.phase={phase}"]
              if kill else ["fault=none"])
     cmd = [sys.executable, "-m", "resilience", f"workload={workload}", f"strategy={strategy}", *fault,
            f"steps={plan.steps}", f"checkpoint.every={plan.every}", "world_size=2", "seed=0",
@@ -77,12 +78,17 @@ def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
     result = json.loads(result_file.read_text())
     if not keep_checkpoints:  # 6 dlrm_emb runs would otherwise leave ~13 GB of checkpoints behind
         shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
-    loads = [e for e in read_events(run_dir) if e["kind"] == "ckpt_loaded" and e["rank"] == 0 and e["attempt"] > 0]
-    result["recovery_source"] = loads[0]["source"] if loads else ("scratch" if result.get("recovered") else None)
     result["run_dir"] = str(run_dir)
     print(f"  -> {result['status']}, stall {_f(result.get('ckpt_stall_s'))} s, durable "
           f"{_f(result.get('ckpt_durable_s'))} s, recovery {_f(result.get('recovery_time_s'))} s", flush=True)
     return result
+
+
+def _saves(strategy: str) -> bool:
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    return get_class(OmegaConf.load(ROOT / "conf" / "strategy" / f"{strategy}.yaml")._target_).saves
 
 
 def row(workload: str, strategy: str, free: dict, killed: dict, ref_hash: str | None, limits: dict) -> dict:
@@ -95,8 +101,11 @@ def row(workload: str, strategy: str, free: dict, killed: dict, ref_hash: str | 
             "ckpt_MB": nbytes / 1e6 if nbytes else None, "write_GBps": bw,
             "write_pct_of_disk": 100 * bw / limits["write_GBps"] if bw else None,
             "step_s": free.get("step_time_s"), "recovery_source": killed.get("recovery_source"),
-            "load_s": breakdown.get("load"), "recovery_s": killed.get("recovery_time_s"),
-            "lost_steps": killed.get("lost_steps"), "bit_exact_free": same(free), "bit_exact_killed": same(killed)}
+            "moved_MB": (killed.get("recovery_bytes") or 0) / 1e6 if killed.get("recovered") else None,
+            "load_s": killed.get("recovery_load_s"), "restart_s": breakdown.get("restart"),
+            "recovery_s": killed.get("recovery_time_s"), "lost_steps": killed.get("lost_steps"),
+            "survivors_restarted": killed.get("survivors_restarted"),
+            "bit_exact_free": same(free), "bit_exact_killed": same(killed)}
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -111,8 +120,9 @@ def _f(v: Any, digits: int = 3) -> str:
 
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("stall_s", "stall s"), ("durable_s", "durable s"),
            ("ckpt_MB", "ckpt MB"), ("write_GBps", "write GB/s"), ("write_pct_of_disk", "% disk"),
-           ("step_s", "step s"), ("recovery_source", "recovered from"), ("load_s", "load s"),
-           ("recovery_s", "recovery s"), ("lost_steps", "lost steps"), ("bit_exact", "bit-exact free/killed")]
+           ("step_s", "step s"), ("recovery_source", "recovered from"), ("moved_MB", "moved MB"), ("load_s", "load s"),
+           ("restart_s", "restart s"), ("recovery_s", "recovery s"), ("lost_steps", "lost steps"),
+           ("survivors_restarted", "survivors restarted"), ("bit_exact", "bit-exact free/killed")]
 
 
 def table(rows: list[dict]) -> str:
@@ -124,7 +134,7 @@ def table(rows: list[dict]) -> str:
             if key == "bit_exact":
                 cells.append(f"{_f(r['bit_exact_free'])}/{_f(r['bit_exact_killed'])}")
             else:
-                cells.append(_f(r[key], 1 if key in ("ckpt_MB", "write_pct_of_disk") else 3))
+                cells.append(_f(r[key], 1 if key in ("ckpt_MB", "moved_MB", "write_pct_of_disk") else 3))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -148,6 +158,21 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
     if sync.get("write_pct_of_disk") is not None:
         check("sync durable write bandwidth >= 70% of probed disk write", sync["write_pct_of_disk"] >= 70,
               f"{sync['write_GBps']:.2f} GB/s vs {limits['write_GBps']:.2f} GB/s = {sync['write_pct_of_disk']:.0f}%")
+    mem = by.get("inmemory", {})
+    if sync.get("load_s") and mem.get("load_s"):
+        check("inmemory recovery load >= 5x faster than sync disk load", sync["load_s"] / mem["load_s"] >= 5,
+              f"{mem['load_s']:.3f} s ({mem['recovery_source']}) vs {sync['load_s']:.3f} s = "
+              f"{sync['load_s'] / mem['load_s']:.1f}x")
+    rep = by.get("replica", {})
+    if rep.get("recovery_s") is not None and rep.get("moved_MB"):
+        check("replica survivors not restarted", rep["survivors_restarted"] is False,
+              f"survivors restarted: {_f(rep['survivors_restarted'])}")
+        transfer = rep["moved_MB"] / 1e3 / limits["p2p_GBps"]
+        bound = 1.5 * (limits["rank_start_s"] + transfer)
+        check("replica recovery <= 1.5 x (rank start + state transfer)", rep["recovery_s"] <= bound,
+              f"{rep['recovery_s']:.2f} s vs 1.5 x ({limits['rank_start_s']:.2f} s + {rep['moved_MB']:.0f} MB at "
+              f"{limits['p2p_GBps']:.2f} GB/s = {transfer:.2f} s) = {bound:.2f} s; of it restart "
+              f"{_f(rep['restart_s'], 2)} s, load {_f(rep['load_s'], 2)} s")
     return out
 
 
@@ -182,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row(workload, strategy, free, killed, ref_hash, limits))
     report = "\n".join([table(rows), "", *targets(rows, limits), "",
                         f"disk write limit {limits['write_GBps']:.2f} GB/s, cold read {limits['read_GBps']:.2f} GB/s, "
-                        f"memcpy {limits['memcpy_GBps']:.1f} GB/s, rank start {limits['rank_start_s']:.2f} s "
+                        f"memcpy {limits['memcpy_GBps']:.1f} GB/s, rank start {limits['rank_start_s']:.2f} s, "
+                        f"rank-to-rank {limits['p2p_GBps']:.2f} GB/s "
                         f"(python -m resilience.probe); {len(runs)} runs in {time.monotonic() - t0:.0f} s"])
     (out / "table.md").write_text(report + "\n")
     _write_csv(out / "runs.csv", runs)

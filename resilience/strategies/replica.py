@@ -1,4 +1,4 @@
-"""Recovery from a live replica instead of a checkpoint, after Swift (Zhong et al., EuroSys'23) and torchft.
+"""Recovery from a live replica instead of a checkpoint, after Swift (Zhong et al., IEEE TPDS 2024) and torchft.
 
 No checkpoint is ever written. In data-parallel training every rank holds a full replica of the model and the
 optimizer, so when one rank dies the state is still in its peers' memory. The survivors keep running: their

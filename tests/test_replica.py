@@ -1,0 +1,142 @@
+"""The replica strategy: replicas made consistent by a real transfer, and in-place recovery end to end (the
+survivors keep their processes, the replacement receives the state, the run ends bit-exact)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from conftest import ROOT, run_cli, run_experiment
+from resilience.events import read_events
+from resilience.state import TrainState, state_sha256
+from resilience.strategies.transfer import native_state, reconcile
+
+COMMON = ("strategy=replica", "steps=30", "world_size=2", "seed=0")
+
+
+def _replica_worker(rank: int, world: int, store: str, trained: list[int | None], out) -> None:
+    """Train ``trained[rank]`` steps (None: a replacement that holds nothing), reconcile, report the outcome."""
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    wl = instantiate(OmegaConf.load(ROOT / "conf" / "workload" / "gpt_tiny.yaml"), seed=0)
+    model = wl.build_model()
+    state = TrainState(model, wl.build_optimizer(model))
+    for step in range(trained[rank] or 0):
+        torch.manual_seed(step)
+        wl.loss(model, wl.batch(step, 0, torch.device("cpu"))).backward()
+        state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+    done = reconcile(state, trained[rank], torch.device("cpu"))
+    out.put((rank, done.position, done.source, done.received, done.nbytes, state_sha256(native_state(state))))
+    dist.destroy_process_group()
+
+
+def reconcile_in_processes(tmp_path, trained: list[int | None]) -> dict[int, tuple]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_replica_worker, args=(r, len(trained), str(tmp_path / "store"), trained, out))
+             for r in range(len(trained))]
+    for p in procs:
+        p.start()
+    try:
+        results = {}
+        for _ in procs:
+            rank, *rest = out.get(timeout=90)
+            results[rank] = tuple(rest)
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+        return results
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+@pytest.mark.timeout(180)
+def test_reconcile_redoes_the_step_and_fills_a_replacement(tmp_path):
+    # Rank 1 applied step 4 before the failure, rank 0 did not, rank 2 is a replacement with nothing: all end
+    # with rank 1's state, the lagging survivor received in place, the replacement into new optimizer buffers.
+    got = reconcile_in_processes(tmp_path, [3, 4, None])
+    assert {r: g[:3] for r, g in got.items()} == {0: (4, 1, True), 1: (4, 1, False), 2: (4, 1, True)}
+    assert len({g[4] for g in got.values()}) == 1, "replicas differ after reconcile"
+    # Model + AdamW's two moments: ~3 x the parameter bytes went to each rank behind, and twice out of rank 1.
+    assert got[0][3] == got[2][3] > 0 and got[1][3] == 2 * got[0][3]
+    alone = reconcile_in_processes(tmp_path / "alone", [4])  # the state rank 1 had: the same bits
+    assert alone[0][4] == got[1][4]
+
+
+@pytest.mark.timeout(180)
+def test_reconcile_at_step_zero_moves_nothing(tmp_path):
+    got = reconcile_in_processes(tmp_path, [0, None])
+    assert [g[2:4] for g in got.values()] == [(False, 0), (False, 0)]
+    assert got[0][4] == got[1][4]  # the replacement built the same initial state from the seed
+
+
+def _pids_by_rank(run_dir) -> dict[int, set[int]]:
+    pids: dict[int, set[int]] = {}
+    for e in read_events(run_dir):
+        if e["kind"] == "run_start":
+            pids.setdefault(e["rank"], set()).add(e["pid"])
+    return pids
+
+
+# (description, overrides): every scenario must end bit-exact with only the failed rank restarted.
+SCENARIOS = [
+    ("rank 1 killed before forward", ("fault=kill", "fault.rank=1", "fault.at_step=13")),
+    ("rank 0 killed between backward and optimizer step: its peer is one step ahead",
+     ("fault=kill", "fault.rank=0", "fault.at_step=7", "fault.phase=before_optimizer_step")),
+    ("rank 1 hangs; the heartbeat names it and it is killed",
+     ("fault=hang", "fault.rank=1", "fault.at_step=9", "timeouts.heartbeat_s=2")),
+]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("description,overrides", SCENARIOS, ids=["kill-1", "kill-0-mid-step", "hang-1"])
+def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, description, overrides):
+    run_dir = tmp_path / "run"
+    result = run_experiment(run_dir, *COMMON, *overrides)
+    assert result["status"] == "ok" and result["recovered"], description
+    assert result["final_state_sha256"] == reference["final_state_sha256"], description
+    assert result["replicas_agree"] and result["lost_steps"] == 0
+    failed = result["fault_rank"]
+    assert result["detected_rank"] == failed
+    assert result["recovery_source"] == f"replica:{1 - failed}" and result["recovery_bytes"] > 0
+    assert result["survivors_restarted"] is False
+    pids = _pids_by_rank(run_dir)
+    assert len(pids[1 - failed]) == 1, "the survivor was restarted"
+    assert len(pids[failed]) == 2
+    events = read_events(run_dir)
+    assert [e["ranks"] for e in events if e["kind"] == "restart"] == [[failed]]
+    assert len([e for e in events if e["kind"] == "fault_detected"]) == 1  # a heartbeat kill is no second fault
+    rejoined = [e for e in events if e["kind"] == "rejoined"]
+    assert [e["rank"] for e in rejoined] == [1 - failed] and rejoined[0]["generation"] == 1
+
+
+@pytest.mark.timeout(240)
+def test_out_of_budget_is_unrecovered_and_leaves_nothing(tmp_path):
+    result = run_experiment(tmp_path / "run", *COMMON, "fault=kill", "fault.rank=1", "fault.at_step=5",
+                            "recovery=fail")  # run_experiment also checks that no rank process is left
+    assert result["status"] == "unrecovered" and result["detected"] and not result["recovered"]
+
+
+BAD = [
+    (("recovery=rollback",), "recovery=rollback", "recovery=restart"),
+    (("fault=kill", "fault.phase=during_checkpoint", "fault.at_step=10"), "fault.phase=during_checkpoint",
+     "never checkpoints"),
+    (("supervisor.launcher=external",), "supervisor.launcher=external", "replaces failed ranks"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides,setting,why", BAD, ids=[b[1] for b in BAD])
+def test_settings_replica_cannot_honour_are_one_line(tmp_path, overrides, setting, why):
+    done = run_cli("strategy=replica", *overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=100)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and setting in done.stderr and why in done.stderr
