@@ -4,6 +4,8 @@ survivors keep their processes, the replacement receives the state, the run ends
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
+import time
 
 import pytest
 import torch
@@ -39,14 +41,21 @@ def _replica_worker(rank: int, world: int, store: str, trained: list[int | None]
 def reconcile_in_processes(tmp_path, trained: list[int | None]) -> dict[int, tuple]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     procs = [ctx.Process(target=_replica_worker, args=(r, len(trained), str(tmp_path / "store"), trained, out))
              for r in range(len(trained))]
     for p in procs:
         p.start()
     try:
         results = {}
-        for _ in procs:
-            rank, *rest = out.get(timeout=90)
+        deadline = time.monotonic() + 90
+        while len(results) < len(procs):
+            assert time.monotonic() < deadline, "reconcile did not finish in 90 s"
+            assert not any(p.exitcode not in (None, 0) for p in procs), "a rank failed (its traceback is above)"
+            try:
+                rank, *rest = out.get(timeout=0.5)
+            except queue.Empty:
+                continue
             results[rank] = tuple(rest)
         for p in procs:
             p.join(timeout=30)
