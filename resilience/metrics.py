@@ -103,9 +103,9 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
     loaded = _first(later, "ckpt_loaded", attempt=start["attempt"])
     # In place, survivors may be one step past the fault when it hits: nothing was lost then, not -1 steps.
     out["lost_steps"] = max(0, fault["step"] - (loaded["step"] if loaded else 0))
-    out["recovery_source"] = loaded["source"] if loaded else "none"
-    out["recovery_bytes"] = loaded["bytes"] if loaded else 0
-    out["recovery_load_s"] = loaded["duration_s"] if loaded else None
+    out["recovery_source"] = loaded.get("source") if loaded else "none"
+    out["recovery_bytes"] = loaded.get("bytes") if loaded else 0
+    out["recovery_load_s"] = loaded.get("duration_s") if loaded else None
     out["survivors_restarted"] = restart is not None and not restart.get("ranks")
     resumed = _first(later, "resumed")
     if resumed is None or status != "ok":

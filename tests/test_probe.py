@@ -25,7 +25,8 @@ def test_disk_and_memcpy_measurements_are_plausible(tmp_path):
 def test_load_limits_probes_once_per_host_and_file_system(tmp_path, monkeypatch):
     monkeypatch.setattr(probe, "CACHE_DIR", tmp_path / "cache")
     calls = []
-    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or {"write_GBps": 1.0, "dir": str(d)})
+    figures = dict.fromkeys(probe.FIGURES, 1.0)
+    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or {**figures, "dir": str(d)})
     first = probe.load_limits(tmp_path / "not" / "yet" / "created")  # probed where it will be created
     assert calls == [tmp_path] and first["write_GBps"] == 1.0
     assert probe.load_limits(tmp_path) == first and len(calls) == 1  # same device: cached
@@ -33,6 +34,16 @@ def test_load_limits_probes_once_per_host_and_file_system(tmp_path, monkeypatch)
     assert len(calls) == 2
     cached = json.loads(next((tmp_path / "cache").glob("limits-*.json")).read_text())
     assert list(cached) == [f"{os.uname().nodename}:dev{os.stat(tmp_path).st_dev}"]
+
+
+def test_a_cache_from_an_older_probe_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(probe, "CACHE_DIR", tmp_path / "cache")
+    calls = []
+    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or dict.fromkeys(probe.FIGURES, 2.0))
+    key = f"{os.uname().nodename}:dev{os.stat(tmp_path).st_dev}"
+    (tmp_path / "cache").mkdir()
+    probe._cache_file().write_text(json.dumps({key: {"write_GBps": 1.0}}))  # no p2p_GBps: written before it
+    assert probe.load_limits(tmp_path)["p2p_GBps"] == 2.0 and len(calls) == 1
 
 
 @pytest.mark.timeout(60)
@@ -46,6 +57,7 @@ def test_probe_command_prints_and_writes_the_figures(tmp_path):
     limits = json.loads((tmp_path / "limits.json").read_text())
     assert limits["write_GBps"] > 0 and limits["read_GBps"] > 0 and limits["memcpy_GBps"] > 0
     assert 0 < limits["rank_start_s"] < 60 and limits["probe_bytes"] == 64 << 20
+    assert limits["p2p_GBps"] > 0 and "rank-to-rank transfer" in done.stdout
 
 
 def fake(stall, durable, nbytes=1e9, sha="a", **extra):
