@@ -54,7 +54,8 @@ class ReplacingSupervisor(Supervisor):
                 failed = {r: c for r, c in codes.items() if c not in (None, 0)}
                 if not failed:
                     for rank in observer.poll():
-                        kill_hard(self._procs[rank].pid)  # it shows up as failed at the next poll
+                        kill_hard(self._procs[rank].pid)
+                        self._procs[rank].wait()  # gone before the next poll, which must not blame it again
                         killed.add(rank)
                     time.sleep(interval)
                     continue
