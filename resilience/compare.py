@@ -54,7 +54,7 @@ PLANS = {
 
 
 def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
-            detectors: str = "process_exit", keep_checkpoints: bool = False) -> dict[str, Any]:
+            detectors: str = "process_exit", keep_checkpoints: bool = False, resume: bool = False) -> dict[str, Any]:
     """One experiment as a subprocess (own process group, killed on timeout); its result."""
     phase = "during_checkpoint" if _saves(strategy) else "before_forward"
     fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", f"fault.phase={phase}"]
@@ -62,7 +62,13 @@ def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
     cmd = [sys.executable, "-m", "resilience", f"workload={workload}", f"strategy={strategy}", *fault,
            f"steps={plan.steps}", f"checkpoint.every={plan.every}", "world_size=2", "seed=0",
            f"detector=[{detectors}]", f"hydra.run.dir={run_dir}"]
+    if resume and (run_dir / "result.json").exists():  # measured before: re-score its events, do not rerun
+        from resilience.result import write_result
+
+        print(f"(kept) {run_dir.name}", flush=True)
+        return {**write_result(run_dir), "run_dir": str(run_dir)}
     print(f"$ python -m resilience {' '.join(cmd[3:-1])}", flush=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run cut short: start it again
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -133,6 +139,8 @@ def table(rows: list[dict]) -> str:
         for key, _ in COLUMNS:
             if key == "bit_exact":
                 cells.append(f"{_f(r['bit_exact_free'])}/{_f(r['bit_exact_killed'])}")
+            elif key == "survivors_restarted":  # neither answer is a failure: say it plainly
+                cells.append({True: "yes", False: "no", None: "-"}[r[key]])
             else:
                 cells.append(_f(r[key], 1 if key in ("ckpt_MB", "moved_MB", "write_pct_of_disk") else 3))
         lines.append("| " + " | ".join(cells) + " |")
@@ -166,7 +174,7 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
     rep = by.get("replica", {})
     if rep.get("recovery_s") is not None and rep.get("moved_MB"):
         check("replica survivors not restarted", rep["survivors_restarted"] is False,
-              f"survivors restarted: {_f(rep['survivors_restarted'])}")
+              f"survivors restarted: {'no' if rep['survivors_restarted'] is False else 'yes'}")
         transfer = rep["moved_MB"] / 1e3 / limits["p2p_GBps"]
         bound = 1.5 * (limits["rank_start_s"] + transfer)
         check("replica recovery <= 1.5 x (rank start + state transfer)", rep["recovery_s"] <= bound,
@@ -186,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated detector set of every run (default process_exit: a kill is detected by "
                          "the exit, and no detector adds per-step work that would blur the strategies' costs)")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep each run's ckpt/ (deleted by default)")
+    ap.add_argument("--resume", action="store_true", help="with --out of an earlier comparison: keep its finished "
+                    "runs (re-scored from their events) and run only the missing ones")
     args = ap.parse_args(argv)
     for s in args.strategies:
         if not (ROOT / "conf" / "strategy" / f"{s}.yaml").is_file():
@@ -199,10 +209,10 @@ def main(argv: list[str] | None = None) -> None:
         plan, ref_hash = PLANS[workload], None
         for strategy in args.strategies:
             free = run_one(out / f"{workload}-{strategy}-none", workload, strategy, plan, False, args.detectors,
-                           args.keep_checkpoints)
+                           args.keep_checkpoints, args.resume)
             ref_hash = ref_hash or free.get("final_state_sha256")
             killed = run_one(out / f"{workload}-{strategy}-kill", workload, strategy, plan, True, args.detectors,
-                             args.keep_checkpoints)
+                             args.keep_checkpoints, args.resume)
             runs += [free, killed]
             rows.append(row(workload, strategy, free, killed, ref_hash, limits))
     report = "\n".join([table(rows), "", *targets(rows, limits), "",

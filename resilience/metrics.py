@@ -105,7 +105,12 @@ def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, st
     out["lost_steps"] = max(0, fault["step"] - (loaded["step"] if loaded else 0))
     out["recovery_source"] = loaded.get("source") if loaded else "none"
     out["recovery_bytes"] = loaded.get("bytes") if loaded else 0
-    out["recovery_load_s"] = loaded.get("duration_s") if loaded else None
+    # The load's critical path over the ranks that loaded: from the last one starting to the last one done (a rank
+    # that starts early only waits for its peers in the load's first collective: start-up skew, not load time).
+    loads = [e for e in events if e["kind"] == "ckpt_loaded" and e["attempt"] == start["attempt"]
+             and e["t_mono"] >= t0 and e.get("duration_s") is not None]
+    out["recovery_load_s"] = (max(e["t_mono"] for e in loads) - max(e["t_mono"] - e["duration_s"] for e in loads)
+                              if loads else None)
     out["survivors_restarted"] = restart is not None and not restart.get("ranks")
     resumed = _first(later, "resumed")
     if resumed is None or status != "ok":
