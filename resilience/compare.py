@@ -1,9 +1,10 @@
 """``python -m resilience.compare``: the checkpoint-strategy comparison, measured end to end.
 
 For each workload (default: ``gpt_tiny`` and ``dlrm_emb``, 2 ranks) and each strategy (default: sync, async,
-dcp_async, inmemory, replica; any ``conf/strategy/<name>.yaml`` can be named), it runs a fault-free experiment
-and one in which rank 1 is SIGKILLed *during* a checkpoint (``fault.phase=during_checkpoint``; before the forward
-pass of the same step for a strategy that never checkpoints), then prints one table row per (workload, strategy):
+dcp_async, inmemory, replica, and replica_spare: replica with one warm spare rank; any ``conf/strategy/<name>.yaml``
+can be named), it runs a fault-free experiment and one in which rank 1 is SIGKILLed *during* a checkpoint
+(``fault.phase=during_checkpoint``; before the forward pass of the same step for a strategy that never
+checkpoints), then prints one table row per (workload, strategy):
 
 stall (training-visible, median), durable (checkpoint begin -> committed), size, write bandwidth
 (bytes / durable time) and its share of the probed disk write limit (``resilience.probe``), step time, where the
@@ -34,7 +35,9 @@ from typing import Any
 from resilience.probe import load_limits
 
 ROOT = Path(__file__).resolve().parent.parent
-STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica")
+STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
+# Rows that are a strategy with extra settings: name -> (conf/strategy option, overrides).
+VARIANTS = {"replica_spare": ("replica", ["supervisor.spares=1"])}
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,11 @@ PLANS = {
 def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
             detectors: str = "process_exit", keep_checkpoints: bool = False, resume: bool = False) -> dict[str, Any]:
     """One experiment as a subprocess (own process group, killed on timeout); its result."""
+    strategy, extra = VARIANTS.get(strategy, (strategy, []))
     phase = "during_checkpoint" if _saves(strategy) else "before_forward"
     fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", f"fault.phase={phase}"]
              if kill else ["fault=none"])
-    cmd = [sys.executable, "-m", "resilience", f"workload={workload}", f"strategy={strategy}", *fault,
+    cmd = [sys.executable, "-m", "resilience", f"workload={workload}", f"strategy={strategy}", *extra, *fault,
            f"steps={plan.steps}", f"checkpoint.every={plan.every}", "world_size=2", "seed=0",
            f"detector=[{detectors}]", f"hydra.run.dir={run_dir}"]
     if resume and (run_dir / "result.json").exists():  # measured before: re-score its events, do not rerun
@@ -171,13 +175,15 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
         check("inmemory recovery load >= 5x faster than sync disk load", sync["load_s"] / mem["load_s"] >= 5,
               f"{mem['load_s']:.3f} s ({mem['recovery_source']}) vs {sync['load_s']:.3f} s = "
               f"{sync['load_s'] / mem['load_s']:.1f}x")
-    rep = by.get("replica", {})
-    if rep.get("recovery_s") is not None and rep.get("moved_MB"):
-        check("replica survivors not restarted", rep["survivors_restarted"] is False,
+    for name in ("replica", "replica_spare"):
+        rep = by.get(name, {})
+        if rep.get("recovery_s") is None or not rep.get("moved_MB"):
+            continue
+        check(f"{name} survivors not restarted", rep["survivors_restarted"] is False,
               f"survivors restarted: {'no' if rep['survivors_restarted'] is False else 'yes'}")
         transfer = rep["moved_MB"] / 1e3 / limits["p2p_GBps"]
         bound = 1.5 * (limits["rank_start_s"] + transfer)
-        check("replica recovery <= 1.5 x (rank start + state transfer)", rep["recovery_s"] <= bound,
+        check(f"{name} recovery <= 1.5 x (rank start + state transfer)", rep["recovery_s"] <= bound,
               f"{rep['recovery_s']:.2f} s vs 1.5 x ({limits['rank_start_s']:.2f} s + {rep['moved_MB']:.0f} MB at "
               f"{limits['p2p_GBps']:.2f} GB/s = {transfer:.2f} s) = {bound:.2f} s; of it restart "
               f"{_f(rep['restart_s'], 2)} s, load {_f(rep['load_s'], 2)} s")
@@ -198,8 +204,8 @@ def main(argv: list[str] | None = None) -> None:
                     "runs (re-scored from their events) and run only the missing ones")
     args = ap.parse_args(argv)
     for s in args.strategies:
-        if not (ROOT / "conf" / "strategy" / f"{s}.yaml").is_file():
-            ap.error(f"--strategies {s}: no conf/strategy/{s}.yaml")
+        if s not in VARIANTS and not (ROOT / "conf" / "strategy" / f"{s}.yaml").is_file():
+            ap.error(f"--strategies {s}: no conf/strategy/{s}.yaml (or one of {', '.join(VARIANTS)})")
     out = (args.out or ROOT / "results" / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     limits = load_limits(out)

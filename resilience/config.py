@@ -73,6 +73,7 @@ def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConf
                 "supervisor.monitor_interval_s"):
         _positive(cfg, key)
     _choice(cfg, "supervisor.launcher", ("local", "external"))
+    _integer(cfg, "supervisor.spares", 0)
     device = _choice(cfg, "device", ("auto", "cpu", "cuda"))
     backend = _choice(cfg, "backend", ("auto", "gloo", "nccl"))
     if device == "auto":
@@ -113,6 +114,9 @@ def _check_roles(cfg: DictConfig, steps: int, world: int) -> None:
         if isinstance(cause, ValueError):
             raise ConfigError(str(cause)) from None
         raise ConfigError(f"{type(cause).__name__}: {cause}") from None
+    if cfg.supervisor.spares and not strategy.recovers_in_place:
+        raise ConfigError(f"supervisor.spares={cfg.supervisor.spares}: only a strategy that recovers in place "
+                          f"(strategy=replica) uses spare ranks; set supervisor.spares=0")
     if strategy.recovers_in_place:
         if policy.on_silent == "rollback":
             raise ConfigError(f"recovery={cfg.choices.get('recovery')}: strategy={strategy.name} keeps no "

@@ -26,6 +26,7 @@ from resilience.group import RankGroup
 from resilience.heartbeat import Beater
 from resilience.reduce import install as install_reduce
 from resilience.runtime import RankRuntime
+from resilience.spare import SPARE_ENV, Prepared, wait_as_spare
 from resilience.state import TrainState
 from resilience.trainer import Trainer
 
@@ -62,7 +63,7 @@ def agreed_attempt(local: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def run_rank(cfg: DictConfig) -> None:
+def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -81,7 +82,7 @@ def run_rank(cfg: DictConfig) -> None:
         # In place, the supervisor numbers the generations; under an elastic agent the ranks agree on it.
         attempt = events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
-        workload = instantiate(cfg.workload, seed=int(cfg.seed))
+        workload = prepared.workload if prepared else instantiate(cfg.workload, seed=int(cfg.seed))
         strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
         injector = instantiate(cfg.fault)
         injector.validate(world, int(cfg.steps), strategy.every if strategy.saves else None)
@@ -92,8 +93,12 @@ def run_rank(cfg: DictConfig) -> None:
                          load_max_step=rollback_bound(run_dir, attempt), group=group)
         injector.attach(rt)
         rt.wrap_model = ModelWrapper(rt, injector, in_place=group.in_place)
-        ddp = rt.wrap_model(workload.build_model().to(device))
-        state = TrainState(ddp, workload.build_optimizer(ddp))
+        if prepared and prepared.model is not None:  # a spare built them before it had a rank
+            ddp = rt.wrap_model(prepared.model)
+            state = TrainState(ddp, prepared.optimizer)
+        else:
+            ddp = rt.wrap_model(workload.build_model().to(device))
+            state = TrainState(ddp, workload.build_optimizer(ddp))
         injector.arm(state)
         detectors.attach(rt, state)
         strategy.attach(rt)
@@ -147,7 +152,9 @@ def rollback_bound(run_dir: Path, attempt: int) -> int | None:
 def main(argv: list[str]) -> None:
     if len(argv) != 2:
         sys.exit("usage: python -m resilience.rank RUN_DIR/config.yaml")
-    run_rank(OmegaConf.load(argv[1]))
+    cfg = OmegaConf.load(argv[1])
+    prepared = wait_as_spare(cfg, configure_determinism) if SPARE_ENV in os.environ else None
+    run_rank(cfg, prepared)
 
 
 if __name__ == "__main__":

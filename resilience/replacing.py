@@ -22,6 +22,7 @@ from resilience.events import EventLog
 from resilience.group import GENERATION_KEY, STORE_ENV
 from resilience.heartbeat import reset_board
 from resilience.observer import Observer, kill_hard, say
+from resilience.spare import SPARE_ENV, assign_key
 from resilience.supervisor import Supervisor
 
 
@@ -40,6 +41,9 @@ class ReplacingSupervisor(Supervisor):
         store.set(GENERATION_KEY, "0")
         self._store_at = f"127.0.0.1:{store.port}"
         self._procs: dict[int, subprocess.Popen] = {}
+        self._store = store
+        self._spares: list[tuple[int, subprocess.Popen]] = []
+        self._spares_started = 0
         killed: set[int] = set()  # ranks a detector had aborted: their exit is no news
         generation, left = 0, self.max_restarts
         interval = float(self.cfg.supervisor.monitor_interval_s)
@@ -47,6 +51,8 @@ class ReplacingSupervisor(Supervisor):
         try:
             for rank in range(self.world_size):
                 self._spawn(rank, generation)
+            for _ in range(int(self.cfg.supervisor.spares)):
+                self._spawn_spare()
             while True:
                 codes = {r: p.poll() for r, p in self._procs.items()}
                 if all(c == 0 for c in codes.values()):
@@ -68,14 +74,17 @@ class ReplacingSupervisor(Supervisor):
                 left -= 1
                 generation += 1
                 events.attempt = generation
-                events.emit("restart", policy=self.policy.name, restart=self.max_restarts - left,
-                            max_restarts=self.max_restarts, ranks=sorted(failed))
-                say(f"replacing rank(s) {sorted(failed)}; the others keep running "
-                    f"(restart {self.max_restarts - left} of {self.max_restarts})")
                 reset_board(self.run_dir, self.world_size, ranks=sorted(failed))
                 store.set(GENERATION_KEY, str(generation))  # survivors waiting to re-form the group see it now
-                for rank in sorted(failed):
+                by_spare = [rank for rank in sorted(failed) if self._assign_spare(rank, generation)]
+                for rank in sorted(set(failed) - set(by_spare)):
                     self._spawn(rank, generation)
+                events.emit("restart", policy=self.policy.name, restart=self.max_restarts - left,
+                            max_restarts=self.max_restarts, ranks=sorted(failed), from_spares=by_spare)
+                say(f"replacing rank(s) {sorted(failed)}{' with warm spares' if by_spare else ''}; the others keep "
+                    f"running (restart {self.max_restarts - left} of {self.max_restarts})")
+                for _ in by_spare:
+                    self._spawn_spare()  # keep the pool full; it gets ready while training goes on
         except _Terminated:
             say("terminated: stopping the ranks")
             return "failed"
@@ -90,9 +99,26 @@ class ReplacingSupervisor(Supervisor):
         self._procs[rank] = subprocess.Popen(
             [sys.executable, "-u", "-m", "resilience.rank", str(self.config_path)], env=env)
 
+    def _spawn_spare(self) -> None:
+        env = {**os.environ, "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size),
+               "GROUP_RANK": "0", SPARE_ENV: str(self._spares_started), STORE_ENV: self._store_at}
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.rank", str(self.config_path)], env=env)
+        self._spares.append((self._spares_started, proc))
+        self._spares_started += 1
+
+    def _assign_spare(self, rank: int, generation: int) -> bool:
+        """Hand ``rank`` to the oldest live spare (it may still be getting ready: it then starts when it is)."""
+        while self._spares:
+            spare, proc = self._spares.pop(0)
+            if proc.poll() is None:
+                self._store.set(assign_key(spare), f"{rank} {generation}")
+                self._procs[rank] = proc
+                return True
+        return False
+
     def _stop_all(self) -> None:
-        """SIGTERM every rank still running, SIGKILL what is left after ``timeouts.shutdown_s``; reap all."""
-        live = [p for p in self._procs.values() if p.poll() is None]
+        """SIGTERM every rank and spare still running, SIGKILL what is left after ``timeouts.shutdown_s``."""
+        live = [p for p in [*self._procs.values(), *(p for _, p in self._spares)] if p.poll() is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGCONT)

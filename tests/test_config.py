@@ -54,6 +54,7 @@ BAD = [
     (("checkpoint.every=-1",), "checkpoint.every=-1", ">= 1"),
     (("fault=kill", "fault.signal=SIGHUP"), "fault.signal=SIGHUP", "SIGKILL"),
     (("backend=nccl", "device=cpu"), "backend=nccl", "device=cuda"),
+    (("strategy=sync", "supervisor.spares=1"), "supervisor.spares=1", "strategy=replica"),
 ]
 
 

@@ -103,11 +103,13 @@ SCENARIOS = [
      ("fault=kill", "fault.rank=0", "fault.at_step=7", "fault.phase=before_optimizer_step")),
     ("rank 1 hangs; the heartbeat names it and it is killed",
      ("fault=hang", "fault.rank=1", "fault.at_step=9", "timeouts.heartbeat_s=2")),
+    ("rank 1 killed; a warm spare takes its place", ("fault=kill", "fault.rank=1", "fault.at_step=13",
+                                                      "supervisor.spares=1")),
 ]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("description,overrides", SCENARIOS, ids=["kill-1", "kill-0-mid-step", "hang-1"])
+@pytest.mark.parametrize("description,overrides", SCENARIOS, ids=["kill-1", "kill-0-mid-step", "hang-1", "spare"])
 def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, description, overrides):
     run_dir = tmp_path / "run"
     result = run_experiment(run_dir, *COMMON, *overrides)
@@ -122,7 +124,9 @@ def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, descripti
     assert len(pids[1 - failed]) == 1, "the survivor was restarted"
     assert len(pids[failed]) == 2
     events = read_events(run_dir)
-    assert [e["ranks"] for e in events if e["kind"] == "restart"] == [[failed]]
+    restarts = [e for e in events if e["kind"] == "restart"]
+    assert [e["ranks"] for e in restarts] == [[failed]]
+    assert restarts[0]["from_spares"] == ([failed] if "supervisor.spares=1" in overrides else [])
     assert len([e for e in events if e["kind"] == "fault_detected"]) == 1  # a heartbeat kill is no second fault
     rejoined = [e for e in events if e["kind"] == "rejoined"]
     assert [e["rank"] for e in rejoined] == [1 - failed] and rejoined[0]["generation"] == 1
