@@ -24,7 +24,7 @@ def first(events: list[dict], kind: str, **match) -> dict:
     return next(e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items()))
 
 
-def kill_observed(run: Path, result: dict) -> None:
+def kill_observed(run: Path, result: dict, reference: dict) -> None:
     ev = read_events(run)
     fault, detected = first(ev, "fault_injected"), first(ev, "fault_detected")
     assert detected["value"]["1"] == "SIGKILL" and detected["blamed_rank"] == 1
@@ -32,6 +32,9 @@ def kill_observed(run: Path, result: dict) -> None:
     ended = [e["t_mono"] for e in ev if (e["kind"] == "rank_error" and e["rank"] == 0 and e["attempt"] == 0)
              or e["kind"] == "restart"]
     assert min(ended) - fault["t_mono"] < 2.0
+    # ... and sync brings it back from the step-5 checkpoint, bit-exact
+    assert result["lost_steps"] == 2 and result["detected_rank_correct"]
+    recovered_bit_exact(run, result, reference)
 
 
 def stall_times_out(run: Path, result: dict) -> None:
@@ -87,7 +90,7 @@ def test_fault_scenario(tmp_path, short_reference, name, overrides, check):
     run = tmp_path / "run"
     result = run_experiment(run, "strategy=sync", *overrides, *COMMON)
     assert result["fault_injected"], name
-    if check is recovered_bit_exact:
+    if check in (recovered_bit_exact, kill_observed):
         check(run, result, short_reference)
     else:
         check(run, result)

@@ -16,9 +16,8 @@ from conftest import ROOT, processes_mentioning, run_cli, run_experiment
 COMMON = ("steps=30", "checkpoint.every=5", "world_size=2", "seed=0")
 
 # (description, overrides, expected lost steps)
+# (sync killed before forward: tests/test_faults.py, "kill")
 SCENARIOS = [
-    ("sync: killed before forward at step 13 -> reload step 10", ("strategy=sync", "fault=kill", "fault.rank=1",
-                                                                 "fault.at_step=13"), 3),
     ("none: killed at step 13 -> restart from scratch", ("strategy=none", "fault=kill", "fault.rank=1",
                                                         "fault.at_step=13"), 13),
     ("sync: rank 0 sent SIGTERM between backward and optimizer step", (

@@ -98,7 +98,6 @@ def _pids_by_rank(run_dir) -> dict[int, set[int]]:
 
 # (description, overrides): every scenario must end bit-exact with only the failed rank restarted.
 SCENARIOS = [
-    ("rank 1 killed before forward", ("fault=kill", "fault.rank=1", "fault.at_step=13")),
     ("rank 0 killed between backward and optimizer step: its peer is one step ahead",
      ("fault=kill", "fault.rank=0", "fault.at_step=7", "fault.phase=before_optimizer_step")),
     ("rank 1 hangs; the heartbeat names it and it is killed",
@@ -109,7 +108,7 @@ SCENARIOS = [
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("description,overrides", SCENARIOS, ids=["kill-1", "kill-0-mid-step", "hang-1", "spare"])
+@pytest.mark.parametrize("description,overrides", SCENARIOS, ids=["kill-0-mid-step", "hang-1", "spare"])
 def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, description, overrides):
     run_dir = tmp_path / "run"
     result = run_experiment(run_dir, *COMMON, *overrides)
