@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -42,14 +41,15 @@ def configure_determinism(device: torch.device, threads: int) -> None:
         torch.backends.cudnn.allow_tf32 = False
 
 
-def redirect_output(run_dir: Path, rank: int, attempt: int) -> None:
-    """Send this rank's stderr (tracebacks, library warnings) to ``logs/rank<r>.log``; stdout stays on the console."""
+def redirect_output(run_dir: Path, name: str, header: str) -> None:
+    """Send this process's stderr (tracebacks, library warnings) to ``logs/<name>.log``; stdout stays on the
+    console."""
     log_dir = run_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    fd = os.open(log_dir / f"rank{rank}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(log_dir / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
-    print(f"=== rank {rank} attempt {attempt} pid {os.getpid()} ===", file=sys.stderr, flush=True)
+    print(f"=== {header} pid {os.getpid()} ===", file=sys.stderr, flush=True)
 
 
 def agreed_attempt(local: int, device: torch.device) -> int:
@@ -68,7 +68,7 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     run_dir = Path(cfg.run_dir)
-    redirect_output(run_dir, rank, attempt)
+    redirect_output(run_dir, f"rank{rank}", f"rank {rank} attempt {attempt}")
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -153,7 +153,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 2:
         sys.exit("usage: python -m resilience.rank RUN_DIR/config.yaml")
     cfg = OmegaConf.load(argv[1])
-    prepared = wait_as_spare(cfg, configure_determinism) if SPARE_ENV in os.environ else None
+    prepared = wait_as_spare(cfg, configure_determinism, redirect_output) if SPARE_ENV in os.environ else None
     run_rank(cfg, prepared)
 
 

@@ -41,14 +41,12 @@ class Prepared:
     optimizer: torch.optim.Optimizer | None
 
 
-def wait_as_spare(cfg: DictConfig, configure) -> Prepared:
-    """Prepare everything that does not depend on the rank, wait to be assigned one, set the rank's environment."""
+def wait_as_spare(cfg: DictConfig, configure, redirect) -> Prepared:
+    """Prepare everything that does not depend on the rank, wait to be assigned one, set the rank's environment.
+
+    ``configure(device, threads)`` and ``redirect(run_dir, name, header)`` are the rank process's own set-up."""
     spare = int(os.environ[SPARE_ENV])
-    log = Path(cfg.run_dir) / "logs" / f"spare{spare}.log"
-    log.parent.mkdir(exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 2)
-    os.close(fd)
+    redirect(Path(cfg.run_dir), f"spare{spare}", f"spare {spare}")
     configure(torch.device("cpu"), int(cfg.threads_per_rank))
     importlib.import_module("torch._dynamo")  # DDP's constructor imports it: pay for it now, not in the recovery
 
@@ -59,7 +57,7 @@ def wait_as_spare(cfg: DictConfig, configure) -> Prepared:
         optimizer = workload.build_optimizer(model)
     host, port = os.environ[STORE_ENV].rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(days=7))
-    print(f"spare {spare} ready (pid {os.getpid()})", file=sys.stderr, flush=True)
+    print(f"spare {spare} ready", file=sys.stderr, flush=True)
     store.wait([assign_key(spare)])  # the supervisor's store going away ends the wait with an error: we exit
     rank, generation = store.get(assign_key(spare)).decode().split()
     os.environ.update(RANK=rank, LOCAL_RANK=rank, TORCHELASTIC_RESTART_COUNT=generation)

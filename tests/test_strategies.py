@@ -68,6 +68,14 @@ def attached(cls, tmp_path, hook=None, **kwargs):
     return strategy
 
 
+def trained(steps: int = 5):
+    """The gpt_tiny workload and a state trained ``steps`` steps."""
+    wl = workload()
+    state = fresh_state(wl)
+    train(state, wl, range(steps))
+    return wl, state
+
+
 def kinds(tmp_path) -> list[tuple[str, int]]:
     return [(e["kind"], e["step"]) for e in read_events(tmp_path)]
 
@@ -93,9 +101,7 @@ def held_persist(monkeypatch):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cls", STRATEGIES, ids=lambda c: c.name)
 def test_save_load_round_trip(tmp_path, cls):
-    wl = workload()
-    state = fresh_state(wl)
-    train(state, wl, range(5))
+    wl, state = trained()
     expected = state_sha256(state.state_dict())
     strategy = attached(cls, tmp_path)
     strategy.save(5, 100, state)
@@ -143,9 +149,7 @@ def test_shares_partition_the_state_between_ranks():
 @pytest.mark.parametrize("cls", BACKGROUND, ids=lambda c: c.name)
 def test_checkpoint_is_the_state_at_its_step_even_if_written_later(tmp_path, cls, held_persist):
     started, release = held_persist
-    wl = workload()
-    state = fresh_state(wl)
-    train(state, wl, range(5))
+    wl, state = trained()
     at_5 = state_sha256(state.state_dict())
     strategy = attached(cls, tmp_path)
     strategy.save(5, 100, state)
@@ -165,9 +169,7 @@ def test_failed_background_persist_surfaces_from_wait(tmp_path, cls):
         if phase == "during_checkpoint":
             raise OSError(28, "No space left on device (injected)")
 
-    wl = workload()
-    state = fresh_state(wl)
-    train(state, wl, range(5))
+    wl, state = trained()
     strategy = attached(cls, tmp_path, hook=broken_disk)
     strategy.save(5, 100, state)  # returns: the failure happens in the background
     with pytest.raises(PersistError, match="No space left on device"):
@@ -180,9 +182,7 @@ def test_failed_background_persist_surfaces_from_wait(tmp_path, cls):
 @pytest.mark.timeout(60)
 def test_failed_persist_stops_training_at_the_next_checkpoint(tmp_path):
     (tmp_path / "ckpt").write_text("not a directory")  # the persist cannot create step_00000005/
-    wl = workload()
-    state = fresh_state(wl)
-    train(state, wl, range(5))
+    wl, state = trained()
     strategy = attached(AsyncCheckpoint, tmp_path)
     strategy.save(5, 100, state)
     deadline = time.monotonic() + 10
@@ -196,9 +196,7 @@ def test_failed_persist_stops_training_at_the_next_checkpoint(tmp_path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("cls", BACKGROUND, ids=lambda c: c.name)
 def test_incomplete_checkpoint_is_ignored(tmp_path, cls):
-    wl = workload()
-    state = fresh_state(wl)
-    train(state, wl, range(5))
+    wl, state = trained()
     expected = state_sha256(state.state_dict())
     strategy = attached(cls, tmp_path)
     strategy.save(5, 100, state)
@@ -214,9 +212,7 @@ def test_incomplete_checkpoint_is_ignored(tmp_path, cls):
 @pytest.mark.timeout(60)
 def test_when_busy_skip_and_wait(tmp_path, held_persist):
     started, release = held_persist
-    wl = workload()
-    state = fresh_state(wl)
-    train(state, wl, range(5))
+    wl, state = trained()
     skipper = attached(AsyncCheckpoint, tmp_path / "skip", when_busy="skip")
     skipper.save(5, 100, state)
     assert started.wait(10)
