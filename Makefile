@@ -27,7 +27,7 @@ run: $(STAMP)
 	@echo "report: results/report/index.html"
 
 demo: $(STAMP)
-	$(PY) -m resilience.demo
+	$(PY) -m resilience.bench.demo
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -17,29 +17,23 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any
 
-from resilience.events import read_events
-from resilience.runtime import RankRuntime
+from resilience.checks import require_int
+from resilience.named import Named
+from resilience.record.events import read_events
+from resilience.runtime import CheckpointFileSystem, RankRuntime
 from resilience.workloads.base import stream_seed
 
 PHASES = ("before_forward", "before_optimizer_step", "during_checkpoint")
 
 
-def require_int(key: str, value: Any, minimum: int) -> int:
-    """``value`` if it is an integer >= ``minimum``; otherwise a ValueError naming ``key``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key}={value}: must be an integer >= {minimum}")
-    return value
-
-
-class Injector(ABC):
+class Injector(Named, ABC):
     """Fires on rank ``rank`` when training reaches ``at_step`` at ``phase``.
 
     With ``probability`` set, every step from ``at_step`` on is a candidate that fires with that probability
     (drawn from ``seed``), up to ``count`` times in all: faults at a known rate.
     """
 
-    name: str = "base"
-    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.reduce itself)
+    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.rank.reduce itself)
 
     def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward",
                  probability: float | None = None, count: int = 1, seed: int = 0) -> None:
@@ -84,6 +78,10 @@ class Injector(ABC):
     def targets(self) -> set[int]:
         """The ranks this fault acts on."""
         return {self.rank}
+
+    def checkpoint_fs(self, rank: int) -> CheckpointFileSystem | None:
+        """The service this fault provides to rank ``rank``'s runtime: the checkpoint I/O layer (None: plain)."""
+        return None
 
     def attach(self, rt: RankRuntime) -> None:
         """Bind to a rank; points already recorded in this run's event log never fire again."""

@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from injectors.base import Injector, require_int
+from injectors.base import Injector
+from resilience.checks import require_int
 from injectors.bits import BIT_CLASSES, choose_bits, flip_bits, pick_element
-from resilience.reduce import reduce_hook_for
-from resilience.strategies.commit import CheckpointDir
+from resilience.rank.reduce import reduce_hook_for
+from resilience.ckpt.commit import CheckpointDir
 from resilience.workloads.base import stream_seed
 
 TARGETS = ("weights", "optimizer", "grads_post", "grads_pre", "activations", "checkpoint")
@@ -35,7 +36,6 @@ TARGET_PHASE = {"weights": "before_forward", "optimizer": "before_forward", "gra
 
 
 class BitFlip(Injector):
-    name = "bitflip"
 
     def __init__(self, target: str = "weights", bit: int | str = "exponent", bits: int = 1, **trigger: Any) -> None:
         if target not in TARGETS:
@@ -65,7 +65,7 @@ class BitFlip(Injector):
 
     def hook_reduction(self, ddp: Any) -> None:
         # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
-        # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
+        # reduction (resilience.rank.reduce) takes over. The closure is unannotated: DDP inspects annotations.
         self._reduce = reduce_hook_for(self.rt.world_size)
 
         def hook(process_group, bucket):

@@ -28,7 +28,6 @@ FOREVER_S = 10**6
 
 
 class Hang(Injector):
-    name = "hang"
 
     def __init__(self, mode: str = "stall", duration_s: float | None = None, **trigger: Any) -> None:
         super().__init__(**trigger)

@@ -1,9 +1,7 @@
 """Process death: a real signal delivered to the rank's own process (or a plain exit with a code).
 
 ``kill`` stands for the most common interruptions at scale, a GPU, host or software failure that takes a rank
-down ("Faulty GPU" alone was 148 of Llama 3 405B's 419 unexpected interruptions). ``node_loss`` takes down every
-rank of one simulated node at once, with what that node held in memory for recovery (a host, PSU or network
-failure).
+down ("Faulty GPU" alone was 148 of Llama 3 405B's 419 unexpected interruptions).
 """
 
 from __future__ import annotations
@@ -13,20 +11,19 @@ import signal
 import threading
 from typing import Any
 
-from injectors.base import Injector, require_int
+from injectors.base import Injector
+from resilience.checks import require_int
 
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSEGV", "SIGABRT", "exit")
 
 
 class Kill(Injector):
-    name = "kill"
 
     def __init__(self, signal: str = "SIGKILL", exit_code: int = 3, **trigger: Any) -> None:
         super().__init__(**trigger)
         if signal not in SIGNALS:
             raise ValueError(f"fault.signal={signal}: must be one of {', '.join(SIGNALS)}")
-        if require_int("fault.exit_code", exit_code, 1) > 255:
-            raise ValueError(f"fault.exit_code={exit_code}: must be an integer in [1, 255]")
+        require_int("fault.exit_code", exit_code, 1, 255)
         self.signal, self.exit_code = signal, exit_code
 
     def _plan_detail(self, step: int) -> dict[str, Any]:
@@ -49,34 +46,3 @@ def die(signal_name: str, exit_code: int = 3) -> None:
     os.kill(os.getpid(), sig)
     while True:  # a signal to oneself may arrive a moment later; never run on past the fault
         signal.pause()
-
-
-class NodeLoss(Kill):
-    """Kills every rank of the simulated node that holds ``fault.rank`` (ranks grouped by ``ranks_per_node``)."""
-
-    name = "node_loss"
-
-    def __init__(self, ranks_per_node: int = 1, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.ranks_per_node = require_int("fault.ranks_per_node", ranks_per_node, 1)
-
-    def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
-        super().validate(world_size, steps, ckpt_every)
-        if world_size % self.ranks_per_node:
-            raise ValueError(f"fault.ranks_per_node={self.ranks_per_node}: must divide world_size={world_size}")
-        self.world_size = world_size
-
-    def node(self) -> int:
-        return self.rank // self.ranks_per_node
-
-    def targets(self) -> set[int]:
-        first = self.node() * self.ranks_per_node
-        return set(range(first, first + self.ranks_per_node))
-
-    def _plan_detail(self, step: int) -> dict[str, Any]:
-        return {**super()._plan_detail(step), "node": self.node(), "node_ranks": sorted(self.targets())}
-
-    def _act(self, step: int) -> None:
-        if self.rt.node_memory is not None:
-            self.rt.node_memory.destroy(self.node())  # the node's RAM is gone with it
-        super()._act(step)

@@ -8,7 +8,6 @@ from injectors.base import Injector
 
 
 class NoFault(Injector):
-    name = "none"
 
     def __call__(self, phase: str, step: int) -> None:
         return None

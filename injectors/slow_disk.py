@@ -2,7 +2,7 @@
 
 Stands for storage trouble at scale ("SSD" failures in the Llama 3 table, overloaded shared file systems).
 The default mechanism needs no privileges: the strategies read and write checkpoints through a DCP file-system
-layer (``RankRuntime.ckpt_fs``), and this fault replaces it with one whose streams are slowed or fail. Modes:
+layer (``RankRuntime.ckpt_fs``), and this fault provides one whose streams are slowed or fail. Modes:
 
 * ``throttle``   bandwidth cap ``mbps`` (MB/s, 0: none) and ``latency_ms`` added to every file open and fsync
 * ``enospc``     writes fail with ENOSPC once ``budget_mb`` MB have been written
@@ -22,8 +22,9 @@ from typing import Any, Iterator
 
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from injectors.base import Injector, require_int
+from injectors.base import Injector
 from injectors.kill import die
+from resilience.checks import require_choice, require_int, require_number
 
 MODES = ("throttle", "enospc", "eio", "torn_write")
 
@@ -79,17 +80,14 @@ class FaultyFileSystem(FileSystem):
 
 
 class SlowDisk(Injector):
-    name = "slow_disk"
 
     def __init__(self, mode: str = "throttle", mbps: float = 50.0, latency_ms: float = 0.0, budget_mb: float = 1.0,
                  kth_write: int = 1, offset_bytes: int = 4096, **trigger: Any) -> None:
         super().__init__(**trigger)
-        if mode not in MODES:
-            raise ValueError(f"fault.mode={mode}: must be one of {', '.join(MODES)}")
-        for key, value in (("mbps", mbps), ("latency_ms", latency_ms), ("budget_mb", budget_mb)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"fault.{key}={value}: must be a number >= 0")
-        self.mode, self.mbps, self.latency_ms, self.budget_mb = mode, mbps, latency_ms, budget_mb
+        self.mode = require_choice("fault.mode", mode, MODES)
+        self.mbps = require_number("fault.mbps", mbps, at_least=0)
+        self.latency_ms = require_number("fault.latency_ms", latency_ms, at_least=0)
+        self.budget_mb = require_number("fault.budget_mb", budget_mb, at_least=0)
         self.kth_write = require_int("fault.kth_write", kth_write, 1)
         self.offset_bytes = require_int("fault.offset_bytes", offset_bytes, 0)
         self.active = False
@@ -101,9 +99,11 @@ class SlowDisk(Injector):
         if ckpt_every is None:
             raise ValueError("fault=slow_disk: the strategy never checkpoints, so it never touches the disk")
 
+    def checkpoint_fs(self, rank: int) -> FaultyFileSystem | None:
+        return FaultyFileSystem(self) if rank in self.targets() else None
+
     def arm(self, state: Any) -> None:
         if self._mine:
-            self.rt.ckpt_fs = FaultyFileSystem(self)
             # After a restart a slow or full disk is as bad as before; a torn write was a one-off.
             self.active = bool(self.fired) and self.mode != "torn_write"
 

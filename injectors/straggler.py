@@ -7,16 +7,14 @@ import time
 from typing import Any
 
 from injectors.base import Injector
+from resilience.checks import require_number
 
 
 class Straggler(Injector):
-    name = "straggler"
 
     def __init__(self, factor: float = 2.0, **trigger: Any) -> None:
         super().__init__(**trigger)
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 1:
-            raise ValueError(f"fault.factor={factor}: must be a number > 1")
-        self.factor = float(factor)
+        self.factor = require_number("fault.factor", factor, above=1)
         self._last: float | None = None
         self._slept = 0.0
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from reports.matrix import Matrix, MatrixError, load_matrix
-from resilience.fsio import atomic_write_bytes
+from resilience.record.fsio import atomic_write_bytes
 
 JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s")
 

@@ -36,7 +36,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
-from resilience.fsio import atomic_write_json
+from resilience.record.fsio import atomic_write_json
 
 TAIL_LINES = 12
 GRACE_S = 10.0  # SIGTERM -> SIGKILL: the supervisor needs a moment to stop its ranks

@@ -1,7 +1,7 @@
 """``python -m reports.limits LIMITS_JSON ENVIRONMENT_JSON``: the machine's physical limits and its environment.
 
 Limits (disk write/read and memory copy bandwidth, the cost of starting a rank) come from
-``python -m resilience.probe --dir <LIMITS_JSON's folder> --out LIMITS_JSON`` when that module exists; without
+``python -m resilience.bench.probe --dir <LIMITS_JSON's folder> --out LIMITS_JSON`` when that module exists; without
 it, or when it fails, LIMITS_JSON is ``{"probed": false, "reason": ...}`` and the report says "not probed".
 The environment (CPU, GPU, memory, library versions) is read here, on the machine that runs the cells.
 """
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resilience.fsio import atomic_write_json
+from resilience.record.fsio import atomic_write_json
 
-PROBE_MODULE = "resilience.probe"
+PROBE_MODULE = "resilience.bench.probe"
 PROBE_TIMEOUT_S = 600
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 
 from reports import figures, methods, tables, timeline
 from reports.html import esc, figure, fmt, page, png_bytes, section, table
-from resilience.fsio import atomic_write_bytes
+from resilience.record.fsio import atomic_write_bytes
 
 CAPTIONS = Path(__file__).resolve().parent / "captions"
 PROJECTION_CAPTIONS = {
@@ -134,7 +134,7 @@ def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, A
     env_table = table(envt, [("group", "group"), ("key", "key"), ("value", "value")], text=["group", "key", "value"])
     body = (f"<h3>Machine and physical limits</h3>{env_table}"
             f"<p class=\"caption\">Where the numbers were measured. Limits come from the probe rule "
-            f"(python -m resilience.probe); \"not probed\" where it has not measured them. Data: environment.csv."
+            f"(python -m resilience.bench.probe); \"not probed\" where it has not measured them. Data: environment.csv."
             f"</p><h3>Run inventory</h3>"
             + (f"<p>{len(bad)} cell(s) did not produce a usable result:</p>{problems}" if len(bad) else
                "<p>Every cell produced a result.</p>")

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 BASELINE = "sync"
-# What python -m resilience.probe measures; listed as "not probed" when unknown.
+# What python -m resilience.bench.probe measures; listed as "not probed" when unknown.
 LIMIT_KEYS = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s")
 
 

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from reports.figures import empty  # noqa: E402
 from reports.tables import order  # noqa: E402
-from resilience.events import read_events  # noqa: E402
+from resilience.record.events import read_events  # noqa: E402
 
 _PAL = sns.color_palette("colorblind")
 COLORS = {"step": _PAL[0], "lost step": "#f4a3a3", "start-up": "#c8c8c8", "checkpoint stall": _PAL[1],

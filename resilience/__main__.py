@@ -12,14 +12,16 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from resilience.config import ConfigError, check_group_choices, resolve
-from resilience.events import EVENTS_FILE
-from resilience.fsio import atomic_write_bytes
-from resilience.result import summarize, write_result
-from resilience.supervisor import for_run, say
+from resilience.record.events import EVENTS_FILE
+from resilience.record.fsio import atomic_write_bytes
+from resilience.record.result import summarize, write_result
+from resilience.roles import Roles, build_roles
+from resilience.supervise.elastic import ElasticSupervisor
+from resilience.supervise.replacing import ReplacingSupervisor
+from resilience.supervise.supervisor import Supervisor, say
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +47,25 @@ def main(cfg: DictConfig) -> None:
         _fail_config(exc)
     config_path = run_dir / "config.yaml"
     atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg).encode())
+    roles = build_roles(cfg)
     if cfg.supervisor.launcher == "external":
-        print(torchrun_command(cfg, config_path, recovery_budget=instantiate(cfg.recovery).max_restarts))
+        print(torchrun_command(cfg, config_path, recovery_budget=roles.policy.max_restarts))
         return
-    detectors = [instantiate(d) for d in cfg.detectors.values()]
-    recovery = instantiate(cfg.recovery)
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
-    for_run(cfg, config_path, detectors, recovery).run()
+    supervisor_for(cfg, config_path, roles).run()
     result = write_result(run_dir)
     print(summarize(result), flush=True)
     if result["status"] == "error":
         say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")
         sys.exit(1)
+
+
+def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:
+    """The supervisor the run's strategy needs: one that replaces only the failed ranks for a strategy that
+    recovers in place, PyTorch's elastic agent (every rank restarted) for the others."""
+    kind = ReplacingSupervisor if roles.strategy.recovers_in_place else ElasticSupervisor
+    return kind(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
 
 
 def torchrun_command(cfg: DictConfig, config_path: Path, recovery_budget: int) -> str:
@@ -66,7 +74,7 @@ def torchrun_command(cfg: DictConfig, config_path: Path, recovery_budget: int) -
         f"Prepared {config_path}. On each of N nodes (the run directory must be on a shared file system), run:\n\n"
         f"  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=N --nproc-per-node=P --rdzv-backend=c10d \\\n"
         f"      --rdzv-endpoint=HOST:29400 --rdzv-id=JOB_ID --max-restarts={recovery_budget} \\\n"
-        f"      -m resilience.rank {config_path}\n\n"
+        f"      -m resilience.rank.main {config_path}\n\n"
         f"with N x P = world_size = {cfg.world_size}. Afterwards: python -m resilience.result {config_path.parent}"
     )
 

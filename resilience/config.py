@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from resilience.checks import require_choice, require_int, require_number
+from resilience.roles import build_roles
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("workload", "strategy", "fault", "recovery", "detector")
@@ -42,31 +44,31 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 
 def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
-    value = OmegaConf.select(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}={value}: must be an integer >= {minimum}")
-    return value
+    return require_int(key, OmegaConf.select(cfg, key), minimum)
 
 
 def _positive(cfg: DictConfig, key: str) -> float:
-    value = OmegaConf.select(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{key}={value}: must be a number > 0")
-    return float(value)
+    return require_number(key, OmegaConf.select(cfg, key), above=0)
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
-    value = OmegaConf.select(cfg, key)
-    if value not in allowed:
-        raise ConfigError(f"{key}={value}: must be one of {', '.join(allowed)}")
-    return value
+    return require_choice(key, OmegaConf.select(cfg, key), allowed)
 
 
 def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
     """The fully resolved, validated configuration that the rank processes receive (``auto`` values filled in)."""
+    try:
+        return _resolve(cfg, run_dir, choices)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a check of one setting (resilience.checks) or a role's constructor
+        raise ConfigError(str(exc)) from None
+
+
+def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     _integer(cfg, "seed", 0)
-    steps = _integer(cfg, "steps", 1)
+    _integer(cfg, "steps", 1)
     world = _integer(cfg, "world_size", 1)
     _integer(cfg, "log_every", 1)
     for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
@@ -93,34 +95,5 @@ def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConf
         cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir or run_dir / "ckpt").resolve())
         cfg.choices = choices
     _integer(cfg, "threads_per_rank", 1)
-    _check_roles(cfg, steps, world)
+    build_roles(cfg)  # every role validates its own settings where it is built
     return cfg
-
-
-def _check_roles(cfg: DictConfig, steps: int, world: int) -> None:
-    """Build every role once, so that each validates its own settings where it is built."""
-    try:
-        strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
-        injector = instantiate(cfg.fault)
-        injector.validate(world, steps, strategy.every if strategy.saves else None)
-        instantiate(cfg.workload, seed=cfg.seed)
-        policy = instantiate(cfg.recovery)
-        for detector in cfg.detectors.values():
-            instantiate(detector)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    except Exception as exc:  # Hydra wraps constructor errors; unwrap to the one line that matters
-        cause = exc.__cause__ or exc
-        if isinstance(cause, ValueError):
-            raise ConfigError(str(cause)) from None
-        raise ConfigError(f"{type(cause).__name__}: {cause}") from None
-    if cfg.supervisor.spares and not strategy.recovers_in_place:
-        raise ConfigError(f"supervisor.spares={cfg.supervisor.spares}: only a strategy that recovers in place "
-                          f"(strategy=replica) uses spare ranks; set supervisor.spares=0")
-    if strategy.recovers_in_place:
-        if policy.on_silent == "rollback":
-            raise ConfigError(f"recovery={cfg.choices.get('recovery')}: strategy={strategy.name} keeps no "
-                              f"checkpoint to roll back to; use recovery=restart or recovery=fail")
-        if cfg.supervisor.launcher != "local":
-            raise ConfigError(f"supervisor.launcher={cfg.supervisor.launcher}: strategy={strategy.name} needs the "
-                              f"local supervisor, which replaces failed ranks (torchrun restarts every rank)")

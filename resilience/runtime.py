@@ -1,14 +1,24 @@
-"""What a rank process knows about itself, handed to every role (strategy, injector, detector) it hosts."""
+"""What a rank process knows about itself, handed to every role (strategy, injector, detector) it hosts.
+
+The runtime is frozen: it is built once per rank process from the roles, after each role has said which service it
+provides (``Injector.checkpoint_fs``, ``CheckpointStrategy.node_memory``, ``Detector.checkpoint_verifier``), so no
+role writes into another role's object and every reader finds a typed service or ``None``.
+"""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, TYPE_CHECKING, Callable, Protocol
 
 import torch
+from torch import nn
 
-from resilience.events import EventLog
+from resilience.record.events import EventLog
+
+if TYPE_CHECKING:
+    from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
 
 # A phase hook: (phase, step) -> None. The training loop and the strategies call it at each named point.
 PhaseHook = Callable[[str, int], None]
@@ -18,27 +28,64 @@ def _no_hook(phase: str, step: int) -> None:
     return None
 
 
-@dataclass
+class CheckpointFileSystem(Protocol):
+    """The checkpoint I/O layer: DCP's ``FileSystem`` (a disk fault provides one whose streams are slowed or fail)."""
+
+    def create_stream(self, path: str | Path, mode: str) -> AbstractContextManager[IO[bytes]]: ...
+
+
+class NodeMemory(Protocol):
+    """What the nodes of a run hold in memory for recovery (the in-memory strategy's areas)."""
+
+    def destroy(self, node: int) -> None:
+        """Wipe everything node ``node`` holds, as the loss of that machine would."""
+
+
+class CheckpointVerifier(Protocol):
+    """Decides whether a committed checkpoint may be loaded."""
+
+    def __call__(self, dirs: CheckpointDir, entry: CheckpointEntry) -> bool: ...
+
+
+class ProcessGroup(Protocol):
+    """The rank's process group (``resilience.rank.group.RankGroup``)."""
+
+    generation: int
+
+    @property
+    def in_place(self) -> bool: ...
+
+    def rejoin(self, error: BaseException) -> int:
+        """Re-form the group with a replacement after ``error``; return the new generation (or re-raise)."""
+
+
+class ModelWrap(Protocol):
+    """Wraps the bare model for the current group (DDP with the run's gradient reduction)."""
+
+    def __call__(self, module: nn.Module) -> nn.Module: ...
+
+
+@dataclass(frozen=True)
 class RankRuntime:
-    """The identity and services of one rank in one attempt."""
+    """The identity and services of one rank process. ``attempt`` follows the event log (a rank that re-forms its
+    group in place moves on to the new generation without a new process)."""
 
     rank: int
     world_size: int
-    attempt: int
     device: torch.device
     run_dir: Path
     ckpt_dir: Path
     events: EventLog
     fault_hook: PhaseHook = field(default=_no_hook)
-    # The checkpoint I/O layer (a DCP ``FileSystem``-like object); a disk fault replaces it. None: plain files.
-    ckpt_fs: Any = None
-    # What a node holds in memory for recovery (the in-memory strategy's areas): ``destroy(node)`` wipes one node.
-    node_memory: Any = None
-    # Recovery instructions for this attempt: load no checkpoint newer than this step (a rollback), and
-    # accept a checkpoint only if this check passes: ``ckpt_verifier(dirs, entry) -> bool``.
+    # Recovery instructions for this attempt: load no checkpoint newer than this step (a rollback).
     load_max_step: int | None = None
-    ckpt_verifier: Any = None
-    # The process group (``resilience.group.RankGroup``) and how to wrap the bare model for it (DDP with the
-    # run's reduction): a strategy that re-forms the group in place wraps the model again.
-    group: Any = None
-    wrap_model: Any = None
+    # Services provided by roles (None: nobody provides one; plain files, nothing in node memory, no extra check).
+    ckpt_fs: CheckpointFileSystem | None = None
+    node_memory: NodeMemory | None = None
+    ckpt_verifier: CheckpointVerifier | None = None
+    group: ProcessGroup | None = None
+    wrap_model: ModelWrap | None = None
+
+    @property
+    def attempt(self) -> int:
+        return self.events.attempt

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT
 from resilience.state import TrainState, state_sha256
-from resilience.strategies.commit import COMMIT_MARKER, CheckpointDir
+from resilience.ckpt.commit import COMMIT_MARKER, CheckpointDir
 
 
 def fake_checkpoint(dirs: CheckpointDir, step: int, commit: bool) -> None:

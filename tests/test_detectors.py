@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 
@@ -11,22 +12,23 @@ import torch
 from conftest import run_experiment
 from resilience.detectors.ckpt_integrity import CkptIntegrity
 from resilience.detectors.collective_timeout import CollectiveTimeout
-from resilience.detectors.fingerprint import bit_sum, odd_ranks
+from resilience.detectors.replica_fingerprint import bit_sum, odd_ranks
 from resilience.detectors.gpu_health import GpuHealth
 from resilience.detectors.heartbeat import Heartbeat
 from resilience.detectors.nonfinite import Nonfinite
 from resilience.detectors.process_exit import RECOVERY_EXIT, ProcessExit
-from resilience.detectors.robust_z import GradNorm, LossSpike
-from resilience.detectors.straggler import Straggler
-from resilience.events import EventLog, read_events
-from resilience.heartbeat import CKPT_IO, FORWARD_DONE, STEP_DONE, STEP_START
+from resilience.detectors.grad_norm import GradNorm
+from resilience.detectors.loss_spike import LossSpike
+from resilience.detectors.straggler import StragglerDetector as Straggler
+from resilience.record.events import EventLog, read_events
+from resilience.record.board import CKPT_IO, FORWARD_DONE, STEP_DONE, STEP_START
 from resilience.runtime import RankRuntime
-from resilience.strategies.commit import CheckpointDir
+from resilience.ckpt.commit import CheckpointDir
 from resilience.strategies.sync import SyncCheckpoint
 
 
 def rt(tmp_path, rank: int = 0) -> RankRuntime:
-    return RankRuntime(rank=rank, world_size=3, attempt=0, device=torch.device("cpu"), run_dir=tmp_path,
+    return RankRuntime(rank=rank, world_size=3, device=torch.device("cpu"), run_dir=tmp_path,
                        ckpt_dir=tmp_path / "ckpt", events=EventLog(tmp_path, rank, 0))
 
 
@@ -123,8 +125,8 @@ def test_ckpt_integrity_skips_a_corrupt_checkpoint_for_the_previous(tmp_path, ru
     dirs = CheckpointDir(ckpt)
     newest = dirs.newest_committed()
     assert newest.step == 25 and dirs.manifest(newest)["crc32"]
-    runtime = rt(tmp_path)
     det = CkptIntegrity()
+    runtime = dataclasses.replace(rt(tmp_path), ckpt_verifier=det.checkpoint_verifier())  # the service it provides
     det.attach(runtime, None)
     strategy = SyncCheckpoint(every=5, keep=2)
     strategy.attach(runtime)
@@ -163,7 +165,7 @@ def test_a_slow_save_is_not_a_hang_but_a_stall_is(tmp_path):
 
 
 def test_heartbeat_ignores_ranks_that_finished_training():
-    from resilience.heartbeat import FINISHED
+    from resilience.record.board import FINISHED
 
     hb = Heartbeat(heartbeat_s=1.0)
     assert hb.on_poll([(30, FINISHED, 10.0, 0.02), (30, FINISHED, 10.0, 0.02)], 100.0) == []

@@ -2,7 +2,7 @@
 
 A scenario table (fault, parameters, expected observable) drives the tests; every run must also leave no process
 (stopped or not) behind, which ``run_experiment`` checks. The gil hang and the pre-reduce flip are exercised by
-``python -m resilience.coverage`` instead, to keep the suite short.
+``python -m resilience.bench.coverage`` instead, to keep the suite short.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from conftest import run_experiment
-from resilience.events import read_events
-from resilience.strategies.commit import CheckpointDir
+from resilience.record.events import read_events
+from resilience.ckpt.commit import CheckpointDir
 
 COMMON = ("steps=20", "checkpoint.every=5", "world_size=2", "seed=0", "timeouts.collective_s=3")
 

@@ -15,9 +15,10 @@ from omegaconf import OmegaConf
 from conftest import ROOT
 from injectors.bitflip import BitFlip
 from injectors.bits import choose_bits, flip_bits
-from injectors.kill import Kill, NodeLoss
+from injectors.kill import Kill
+from injectors.node_loss import NodeLoss
 from injectors.slow_disk import FaultyStream, SlowDisk
-from resilience.events import EventLog, read_events
+from resilience.record.events import EventLog, read_events
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 
@@ -30,7 +31,7 @@ class Recorded(Kill):
 
 
 def runtime(tmp_path, rank: int, attempt: int = 0) -> RankRuntime:
-    return RankRuntime(rank=rank, world_size=2, attempt=attempt, device=torch.device("cpu"), run_dir=tmp_path,
+    return RankRuntime(rank=rank, world_size=2, device=torch.device("cpu"), run_dir=tmp_path,
                        ckpt_dir=tmp_path / "ckpt", events=EventLog(tmp_path, rank, attempt))
 
 

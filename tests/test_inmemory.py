@@ -15,13 +15,13 @@ import torch
 import torch.distributed as dist
 
 from conftest import run_experiment
-from resilience.events import EventLog, read_events
+from resilience.record.events import EventLog, read_events
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
-from resilience.strategies import node_memory, shm_store
+from resilience.ckpt import node_memory, shm_store
 from resilience.strategies.inmemory import InMemoryCheckpoint
-from resilience.strategies.node_memory import NodeMemory
-from resilience.strategies.shm_store import Area
+from resilience.ckpt.node_memory import NodeMemory
+from resilience.ckpt.shm_store import Area
 from resilience.workloads.gpt import GPTWorkload
 
 
@@ -122,7 +122,7 @@ def one_rank(tmp_path):
 
 
 def trained_state(steps: int) -> TrainState:
-    wl = GPTWorkload(seed=0, name="t", vocab=64, d_model=32, n_layer=1, n_head=2, seq_len=16, batch_size=2,
+    wl = GPTWorkload(seed=0, vocab=64, d_model=32, n_layer=1, n_head=2, seq_len=16, batch_size=2,
                      lr=1e-3, weight_decay=0.01)
     model = wl.build_model()
     state = TrainState(model, wl.build_optimizer(model))
@@ -135,7 +135,7 @@ def trained_state(steps: int) -> TrainState:
 
 def strategy_on(run_dir: Path, attempt: int, **kw) -> InMemoryCheckpoint:
     strategy = InMemoryCheckpoint(every=1, keep=2, **kw)
-    strategy.attach(RankRuntime(rank=0, world_size=1, attempt=attempt, device=torch.device("cpu"), run_dir=run_dir,
+    strategy.attach(RankRuntime(rank=0, world_size=1, device=torch.device("cpu"), run_dir=run_dir,
                                 ckpt_dir=run_dir / "ckpt", events=EventLog(run_dir, 0, attempt)))
     return strategy
 
@@ -155,7 +155,7 @@ def test_save_load_round_trip_through_memory_then_disk_after_a_wipe(one_rank):
     assert loader.load(fresh) == 3
     assert state_sha256(fresh.state_dict()) == expected
     assert [s.step for s in loader.own.slots()] == [2, 3]  # the area reserved after the load is the same one
-    assert loader.rt.node_memory is loader.memory
+    assert loader.memory.rid == loader.node_memory(run_dir).rid  # the service node_loss receives: the same areas
     loader.close()
     loader.rt.events.close()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from resilience.metrics import compute_result
+from resilience.record.metrics import compute_result
 
 RUN = {"strategy": "sync", "fault": "kill", "workload": "gpt_tiny", "seed": 0, "world_size": 2, "steps": 4}
 

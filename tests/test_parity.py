@@ -8,8 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from resilience.events import EVENTS_FILE
-from resilience.metrics import compute_result
+from resilience.record.events import EVENTS_FILE
+from resilience.record.metrics import compute_result
 from resilience.projection.parity import (QUICK, RunCosts, RunSpec, binomial_quantile, checkpoints_in_run, evaluate,
                                           expected_faults, lost_steps_at, measure, predict_closed_form,
                                           predict_from_plan, predict_from_rate, predicted_run_goodput,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from resilience import compare, probe
+from resilience.bench import compare, probe
 
 
 def test_disk_and_memcpy_measurements_are_plausible(tmp_path):
@@ -49,7 +49,7 @@ def test_a_cache_from_an_older_probe_is_measured_again(tmp_path, monkeypatch):
 @pytest.mark.timeout(60)
 def test_probe_command_prints_and_writes_the_figures(tmp_path):
     env = {**os.environ, "RESILIENCE_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "resilience.probe", "--dir", str(tmp_path / "ckpt"),
+    cmd = [sys.executable, "-m", "resilience.bench.probe", "--dir", str(tmp_path / "ckpt"),
            "--out", str(tmp_path / "limits.json"), "--size-mb", "64"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

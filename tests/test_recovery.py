@@ -83,7 +83,7 @@ def test_torchrun_two_nodes_recover_bit_exact(tmp_path, reference):
             if a.poll() is None:
                 os.killpg(a.pid, signal.SIGKILL)
     assert processes_mentioning(str(run_dir)) == []
-    result = subprocess.run([sys.executable, "-m", "resilience.result", str(run_dir)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "resilience.record.result", str(run_dir)], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     r = json.loads((run_dir / "result.json").read_text())

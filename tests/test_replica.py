@@ -14,9 +14,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, run_cli, run_experiment
-from resilience.events import read_events
+from resilience.record.events import read_events
 from resilience.state import TrainState, state_sha256
-from resilience.strategies.transfer import native_state, reconcile
+from resilience.ckpt.transfer import native_state, reconcile
 
 COMMON = ("strategy=replica", "steps=30", "world_size=2", "seed=0")
 

@@ -16,13 +16,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, run_cli, run_experiment
-from resilience.events import EventLog, read_events
+from resilience.record.events import EventLog, read_events
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
 from resilience.strategies.async_ckpt import AsyncCheckpoint, PersistError
-from resilience.strategies.commit import CheckpointDir
+from resilience.ckpt.commit import CheckpointDir
 from resilience.strategies.dcp_async import DcpAsyncCheckpoint
-from resilience.strategies.snapshot import HostSnapshot, assign_shares, flat_tensors
+from resilience.ckpt.snapshot import HostSnapshot, assign_shares, flat_tensors
 from resilience.strategies.sync import SyncCheckpoint
 
 CPU = torch.device("cpu")
@@ -61,7 +61,7 @@ def fresh_state(wl) -> TrainState:
 def attached(cls, tmp_path, hook=None, **kwargs):
     tmp_path.mkdir(parents=True, exist_ok=True)
     events = EventLog(tmp_path, 0, 0)
-    rt = RankRuntime(rank=0, world_size=1, attempt=0, device=CPU, run_dir=tmp_path, ckpt_dir=tmp_path / "ckpt",
+    rt = RankRuntime(rank=0, world_size=1, device=CPU, run_dir=tmp_path, ckpt_dir=tmp_path / "ckpt",
                      events=events, fault_hook=hook or (lambda phase, step: None))
     strategy = cls(every=5, keep=2, **kwargs)
     strategy.attach(rt)

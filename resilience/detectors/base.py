@@ -16,6 +16,9 @@ from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any
 
+from resilience.named import Named
+from resilience.runtime import CheckpointVerifier
+
 
 @dataclass(frozen=True)
 class Detection:
@@ -32,10 +35,9 @@ class Detection:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Detector(ABC):
+class Detector(Named, ABC):
     """Base of all detectors; a subclass overrides the hooks of its side."""
 
-    name: str = "base"
     needs_grad_norm: bool = False
 
     # ---- supervisor side ----
@@ -52,6 +54,10 @@ class Detector(ABC):
         return []
 
     # ---- rank side ----
+    def checkpoint_verifier(self) -> CheckpointVerifier | None:
+        """The service this detector provides to the rank's runtime: a check a checkpoint must pass to be loaded."""
+        return None
+
     def attach(self, rt: Any, state: Any) -> None:
         """Bind to a rank and its training state (before the first step)."""
 

@@ -7,16 +7,18 @@ good one is used, instead of silently restoring corrupt state.
 from __future__ import annotations
 
 from resilience.detectors.base import Detector
-from resilience.strategies.checksum import file_crc32
-from resilience.strategies.commit import CheckpointDir, CheckpointEntry
+from resilience.runtime import CheckpointVerifier
+from resilience.ckpt.checksum import file_crc32
+from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
 
 
 class CkptIntegrity(Detector):
-    name = "ckpt_integrity"
+
+    def checkpoint_verifier(self) -> CheckpointVerifier:
+        return self.verify
 
     def attach(self, rt, state) -> None:
         self.rt = rt
-        rt.ckpt_verifier = self.verify
 
     def verify(self, dirs: CheckpointDir, entry: CheckpointEntry) -> bool:
         """True if every file of ``entry`` matches its checksum (a manifest without checksums cannot be checked)."""

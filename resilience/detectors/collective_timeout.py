@@ -16,7 +16,6 @@ _COLLECTIVE = re.compile(r"(allreduce|all_reduce|allgather|all_gather|broadcast|
 
 
 class CollectiveTimeout(Detector):
-    name = "collective_timeout"
 
     def attach(self, rt, state) -> None:
         self.rt = rt

@@ -16,7 +16,6 @@ _BAD_THROTTLE = {"HwSlowdown": 0x8, "SwThermalSlowdown": 0x20, "HwThermalSlowdow
 
 
 class GpuHealth(Detector):
-    name = "gpu_health"
 
     def __init__(self, every_s: float = 5.0) -> None:
         self.every_s = float(every_s)

@@ -1,6 +1,6 @@
 """Hang detection from the ranks' own progress: no heartbeat for ``timeouts.heartbeat_s`` is a hang.
 
-The beats come from the training loop (``resilience.heartbeat``), so a rank stuck in Python, frozen by a signal,
+The beats come from the training loop (``resilience.record.board``), so a rank stuck in Python, frozen by a signal,
 or blocked in a C call that holds the GIL all stop beating alike. Peers of a stuck rank stop too, blocked in the
 collective that waits for it; they have got further into the step, so the rank(s) with the least progress are
 named and aborted. Checkpoint I/O has its own, longer deadline (``timeouts.ckpt_io_s``): a slow save is no hang.
@@ -8,18 +8,16 @@ named and aborted. Checkpoint I/O has its own, longer deadline (``timeouts.ckpt_
 
 from __future__ import annotations
 
+from resilience.checks import require_number
 from resilience.detectors.base import Detection, Detector
-from resilience.heartbeat import CKPT_IO, FINISHED
+from resilience.record.board import CKPT_IO, FINISHED
 
 
 class Heartbeat(Detector):
-    name = "heartbeat"
 
     def __init__(self, heartbeat_s: float = 30.0, ckpt_io_s: float = 600.0) -> None:
-        for key, value in (("timeouts.heartbeat_s", heartbeat_s), ("timeouts.ckpt_io_s", ckpt_io_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{key}={value}: must be a number > 0")
-        self.heartbeat_s, self.ckpt_io_s = float(heartbeat_s), float(ckpt_io_s)
+        self.heartbeat_s = require_number("timeouts.heartbeat_s", heartbeat_s, above=0)
+        self.ckpt_io_s = require_number("timeouts.ckpt_io_s", ckpt_io_s, above=0)
 
     def on_poll(self, board: list[tuple[int, int, float, float]], now: float) -> list[Detection]:
         if any(t == 0.0 for _, _, t, _ in board):

@@ -8,7 +8,6 @@ from resilience.detectors.base import Detection, Detector
 
 
 class Nonfinite(Detector):
-    name = "nonfinite"
     needs_grad_norm = True
 
     def __init__(self) -> None:

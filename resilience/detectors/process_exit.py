@@ -29,7 +29,6 @@ class ProcessExit(Detector):
     origin; among equals the lowest rank is named. All failed ranks are listed in the evidence.
     """
 
-    name = "process_exit"
 
     def on_worker_failures(self, exit_codes: dict[int, int]) -> list[Detection]:
         codes = {r: c for r, c in exit_codes.items() if c != RECOVERY_EXIT}

@@ -1,4 +1,4 @@
-"""Spike detectors on a robust z-score: (x - median) / (1.4826 * MAD) over a sliding window.
+"""The base of the spike detectors (``loss_spike``, ``grad_norm``): a robust z-score: (x - median) / (1.4826 * MAD) over a sliding window.
 
 The median and MAD ignore the outliers they are looking for, unlike a mean and standard deviation, and only
 upward spikes count (a falling loss is training working).
@@ -10,6 +10,7 @@ import math
 import statistics
 from collections import deque
 
+from resilience.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
 
 
@@ -19,11 +20,9 @@ class RobustZ(Detector):
     signal: str = "value"
 
     def __init__(self, threshold: float = 8.0, window: int = 20, warmup: int = 10) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 0:
-            raise ValueError(f"detectors.{self.name}.threshold={threshold}: must be a number > 0")
-        if not isinstance(window, int) or window < 5:
-            raise ValueError(f"detectors.{self.name}.window={window}: must be an integer >= 5")
-        self.threshold, self.window, self.warmup = float(threshold), window, int(warmup)
+        self.threshold = require_number(f"detectors.{self.name}.threshold", threshold, above=0)
+        self.window = require_int(f"detectors.{self.name}.window", window, 5)
+        self.warmup = require_int(f"detectors.{self.name}.warmup", warmup, 0)
         self._values: deque[float] = deque(maxlen=window)
         self._seen = 0
         self._fired = False
@@ -49,18 +48,3 @@ class RobustZ(Detector):
         self._values.append(x)
         self._seen += 1
         return found
-
-
-class LossSpike(RobustZ):
-    name, signal = "loss_spike", "loss"
-
-    def on_backward(self, step: int, loss: float, grad_norm: float | None) -> list[Detection]:
-        return self.observe(step, loss, self.rt.rank)  # the loss is this rank's own
-
-
-class GradNorm(RobustZ):
-    name, signal = "grad_norm", "gradient norm"
-    needs_grad_norm = True
-
-    def on_backward(self, step: int, loss: float, grad_norm: float | None) -> list[Detection]:
-        return self.observe(step, grad_norm, None)  # reduced gradients are everyone's

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import statistics
 
+from resilience.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
 
 
-class Straggler(Detector):
-    name = "straggler"
+class StragglerDetector(Detector):
 
     def __init__(self, factor: float = 2.0, patience: int = 10, min_step: int = 3) -> None:
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 1:
-            raise ValueError(f"detectors.straggler.factor={factor}: must be a number > 1")
-        self.factor, self.patience, self.min_step = float(factor), int(patience), int(min_step)
+        self.factor = require_number("detectors.straggler.factor", factor, above=1)
+        self.patience = require_int("detectors.straggler.patience", patience, 1)
+        self.min_step = require_int("detectors.straggler.min_step", min_step, 0)
         self._streak: dict[int, int] = {}
         self._flagged: set[int] = set()
 

@@ -1,6 +1,6 @@
 """Atomic output files: a reader (or a crash) never sees a half-written CSV or PNG.
 
-Uses the project's durable-write primitive (:func:`resilience.fsio.atomic_write_bytes`: temp file, fsync,
+Uses the project's durable-write primitive (:func:`resilience.record.fsio.atomic_write_bytes`: temp file, fsync,
 ``os.replace``, fsync of the directory), so projection outputs follow the same rule as every other result.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from resilience.fsio import atomic_write_bytes
+from resilience.record.fsio import atomic_write_bytes
 
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:

@@ -45,8 +45,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from resilience.events import read_events
-from resilience.fsio import atomic_write_bytes
+from resilience.record.events import read_events
+from resilience.record.fsio import atomic_write_bytes
 from resilience.projection.goodput import predicted_goodput
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 
-class RecoveryPolicy:
+from resilience.checks import require_int
+from resilience.named import Named
+
+
+class RecoveryPolicy(Named):
     """How the run reacts to a detected failure, within a restart budget of ``max_restarts``.
 
     Crashes and hangs always end the attempt (the supervisor restarts the ranks while budget is left). What a
@@ -11,13 +15,10 @@ class RecoveryPolicy:
     "restart" from the newest good checkpoint, "rollback" to one taken before the corruption, or "fail".
     """
 
-    name: str = "base"
     on_silent: str = "record"
 
     def react(self, detection) -> str:
         return self.on_silent if detection.silent else "record"
 
     def __init__(self, max_restarts: int) -> None:
-        if int(max_restarts) != max_restarts or max_restarts < 0:
-            raise ValueError(f"recovery.max_restarts={max_restarts}: must be an integer >= 0")
-        self.max_restarts = int(max_restarts)
+        self.max_restarts = require_int("recovery.max_restarts", max_restarts, 0)

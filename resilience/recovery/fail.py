@@ -6,7 +6,6 @@ from resilience.recovery.base import RecoveryPolicy
 
 
 class Fail(RecoveryPolicy):
-    name = "fail"
     on_silent = "fail"
 
     def __init__(self, max_restarts: int = 0) -> None:

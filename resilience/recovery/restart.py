@@ -10,4 +10,4 @@ from resilience.recovery.base import RecoveryPolicy
 
 
 class RestartAll(RecoveryPolicy):
-    name = "restart"
+    """Silent corruption is recorded and training goes on; crashes and hangs restart every rank."""

@@ -7,5 +7,4 @@ from resilience.recovery.base import RecoveryPolicy
 
 
 class Rollback(RecoveryPolicy):
-    name = "rollback"
     on_silent = "rollback"

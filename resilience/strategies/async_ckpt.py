@@ -27,10 +27,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from resilience.checks import require_number
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
-from resilience.strategies.commit import CheckpointDir
-from resilience.strategies.snapshot import HostSnapshot
+from resilience.ckpt.commit import CheckpointDir
+from resilience.ckpt.snapshot import HostSnapshot
 from resilience.strategies.sync import HookedWriter, SyncCheckpoint
 
 WHEN_BUSY = ("wait", "skip")
@@ -42,7 +43,7 @@ class PersistError(RuntimeError):
 
 def hooked_writer(rt: RankRuntime, path, step: int) -> HookedWriter:
     """DCP writer that fires ``during_checkpoint`` once this rank's shard is on disk (and honours a disk fault)."""
-    return HookedWriter(path, rt.fault_hook, step, getattr(rt, "ckpt_fs", None))
+    return HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs)
 
 
 def commit_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, keep: int) -> None:
@@ -76,9 +77,7 @@ class BackgroundCheckpoint(SyncCheckpoint):
         super().__init__(every, keep)
         if when_busy not in WHEN_BUSY:
             raise ValueError(f"strategy.when_busy={when_busy}: must be one of {', '.join(WHEN_BUSY)}")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-            raise ValueError(f"strategy.timeout_s={timeout_s}: must be a number > 0")
-        self.when_busy, self.timeout_s = when_busy, float(timeout_s)
+        self.when_busy, self.timeout_s = when_busy, require_number("strategy.timeout_s", timeout_s, above=0)
         self._pending: Future | None = None
         self.group: dist.ProcessGroup | None = None
 
@@ -142,9 +141,9 @@ class BackgroundCheckpoint(SyncCheckpoint):
 
 
 class AsyncCheckpoint(BackgroundCheckpoint):
+    option = "async"  # the module cannot be called async.py: a Python keyword
     """CheckFreq's snapshot-then-persist, with a persist thread and reused host buffers."""
 
-    name = "async"
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)

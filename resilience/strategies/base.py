@@ -9,25 +9,35 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 
-from resilience.runtime import RankRuntime
+from pathlib import Path
+
+from resilience.checks import require_int
+from resilience.named import Named
+from resilience.runtime import NodeMemory, RankRuntime
 from resilience.state import TrainState
 
 
-class CheckpointStrategy(ABC):
+class CheckpointStrategy(Named, ABC):
     """Saves training state every ``every`` steps and restores the newest good one after a restart."""
 
-    name: str = "base"
     saves: bool = True  # False for strategies that never write a checkpoint
     # True: survivors of a failure keep running and ``recover`` in place; the supervisor replaces only the failed
-    # ranks (``resilience.replacing``). False: every rank is restarted and calls ``load``.
+    # ranks (``resilience.supervise.replacing``). False: every rank is restarted and calls ``load``.
     recovers_in_place: bool = False
 
     def __init__(self, every: int, keep: int) -> None:
-        for key, value in (("every", every), ("keep", keep)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"checkpoint.{key}={value}: must be an integer >= 1")
-        self.every, self.keep = every, keep
+        self.every = require_int("checkpoint.every", every, 1)
+        self.keep = require_int("checkpoint.keep", keep, 1)
         self.rt: RankRuntime | None = None
+
+    def node_memory(self, run_dir: Path) -> NodeMemory | None:
+        """The service this strategy provides to the rank's runtime: what its nodes hold in memory (None: nothing)."""
+        return None
+
+    @classmethod
+    def clean_up_run(cls, run_dir: Path) -> None:
+        """Called by the supervisor when the run ends, whatever the outcome: remove what the ranks left on the host
+        for recovery (they cannot, since they may die)."""
 
     def attach(self, rt: RankRuntime) -> None:
         """Bind to the rank that hosts this strategy (called once per attempt, before ``load``)."""

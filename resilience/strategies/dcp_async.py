@@ -23,7 +23,6 @@ from resilience.strategies.async_ckpt import BackgroundCheckpoint, commit_checkp
 
 
 class DcpAsyncCheckpoint(BackgroundCheckpoint):
-    name = "dcp_async"
 
     def _start(self, step: int, state: TrainState) -> Future:
         rt = self.rt

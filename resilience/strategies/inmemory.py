@@ -19,39 +19,32 @@ an abandoned timeline and are dropped.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from resilience.checks import require_bool, require_int
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
-from resilience.strategies import shm_store
-from resilience.strategies.inmemory_codec import StateCodec, TensorRef, native_state, restore, tensor_leaves
-from resilience.strategies.node_memory import NodeMemory, claim, sweep_stale
-from resilience.strategies.shm_store import ALIGN, Area, SlotInfo
+from resilience.ckpt import node_memory, shm_store
+from resilience.ckpt.codec import StateCodec, TensorRef, native_state, restore, tensor_leaves
+from resilience.ckpt.node_memory import NodeMemory, claim, sweep_stale
+from resilience.ckpt.shm_store import ALIGN, Area, SlotInfo
 from resilience.strategies.sync import SyncCheckpoint
-
-
-def require_int(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key}={value}: must be an integer >= {minimum}")
-    return value
 
 
 class InMemoryCheckpoint(SyncCheckpoint):
     """Snapshots to shared memory (own area + one peer copy), persisting every ``persist_every``-th to disk."""
 
-    name = "inmemory"
 
     def __init__(self, every: int, keep: int, persist_every: int = 4, ranks_per_node: int = 1,
                  verify: bool = False, world_size: int | None = None) -> None:
         super().__init__(every, keep)
         self.persist_every = require_int("strategy.persist_every", persist_every, 1)
         self.ranks_per_node = require_int("strategy.ranks_per_node", ranks_per_node, 1)
-        if not isinstance(verify, bool):
-            raise ValueError(f"strategy.verify={verify}: must be true or false")
-        self.verify = verify
+        self.verify = require_bool("strategy.verify", verify)
         if world_size is not None:
             self._check_world(world_size)
         self.codec = StateCodec()
@@ -63,11 +56,19 @@ class InMemoryCheckpoint(SyncCheckpoint):
         if world_size % self.ranks_per_node:
             raise ValueError(f"strategy.ranks_per_node={self.ranks_per_node}: must divide world_size={world_size}")
 
+    def node_memory(self, run_dir: Path) -> NodeMemory:
+        """What node_loss wipes: the areas of this run's nodes."""
+        return NodeMemory(shm_store.run_id(run_dir))
+
+    @classmethod
+    def clean_up_run(cls, run_dir: Path) -> None:
+        node_memory.cleanup(run_dir)
+
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self._check_world(rt.world_size)
         self.rid = shm_store.run_id(rt.run_dir)
-        self.memory = rt.node_memory = NodeMemory(self.rid)  # what node_loss wipes
+        self.memory = NodeMemory(self.rid)  # the same areas as the runtime's service: a NodeMemory is its run id
         sweep_stale()  # areas of runs whose supervisor died before cleaning up
         claim(self.rid)
         r, rpn = rt.rank, self.ranks_per_node

@@ -7,7 +7,6 @@ from resilience.strategies.base import CheckpointStrategy
 
 
 class NoCheckpoint(CheckpointStrategy):
-    name = "none"
     saves = False
 
     def _save(self, step: int, state: TrainState) -> None:

@@ -2,9 +2,9 @@
 
 No checkpoint is ever written. In data-parallel training every rank holds a full replica of the model and the
 optimizer, so when one rank dies the state is still in its peers' memory. The survivors keep running: their
-collective fails, they wait for the supervisor to start a replacement (``resilience.replacing``), re-form the
-process group with it (``resilience.group``), make the replicas consistent, and the replacement receives model and
-optimizer state from a healthy replica (``resilience.strategies.transfer``). Nothing is reloaded from disk and no
+collective fails, they wait for the supervisor to start a replacement (``resilience.supervise.replacing``), re-form the
+process group with it (``resilience.rank.group``), make the replicas consistent, and the replacement receives model and
+optimizer state from a healthy replica (``resilience.ckpt.transfer``). Nothing is reloaded from disk and no
 step is lost; the cost is the replacement's start-up plus one state transfer. It cannot survive the loss of every
 replica at once (then the run fails, and says so).
 """
@@ -15,11 +15,10 @@ import time
 
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.transfer import reconcile
+from resilience.ckpt.transfer import reconcile
 
 
 class ReplicaRecovery(CheckpointStrategy):
-    name = "replica"
     saves = False
     recovers_in_place = True
 
@@ -40,7 +39,7 @@ class ReplicaRecovery(CheckpointStrategy):
         rt.events.emit("peer_lost", step=position, error=f"{type(error).__name__}: {error}"[:300], fsync=True)
         generation = rt.group.rejoin(error)  # re-raises if no replacement comes: then this rank fails too
         t_joined = time.monotonic()
-        rt.attempt = rt.events.attempt = generation
+        rt.events.attempt = generation  # this process lives on into the new generation (rt.attempt follows)
         state.model = rt.wrap_model(state.model.module)  # the old DDP is bound to the broken group
         state.optimizer.zero_grad(set_to_none=True)  # a backward cut short may have left partial gradients
         done = reconcile(state, position, rt.device)

@@ -15,8 +15,8 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader, 
 from resilience.runtime import PhaseHook
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.checksum import ChecksumFileSystem
-from resilience.strategies.commit import CheckpointDir, CheckpointEntry
+from resilience.ckpt.checksum import ChecksumFileSystem
+from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
 
 
 class HookedWriter(FileSystemWriter):
@@ -40,7 +40,6 @@ class HookedWriter(FileSystemWriter):
 
 
 class SyncCheckpoint(CheckpointStrategy):
-    name = "sync"
 
     def attach(self, rt) -> None:
         super().attach(rt)

@@ -18,8 +18,6 @@ def stream_seed(*parts: int | str) -> int:
 class Workload(ABC):
     """A model, its optimizer and its data; the batch for (step, rank) is a pure function of (seed, step, rank)."""
 
-    name: str = "workload"
-
     def __init__(self, seed: int) -> None:
         self.seed = seed
 

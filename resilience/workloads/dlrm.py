@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resilience.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
 
 _MASK31 = (1 << 31) - 1
@@ -58,20 +59,18 @@ class DLRM(nn.Module):
 class DLRMWorkload(Workload):
     """Click-through prediction (BCE) on a synthetic, learnable, seed-determined stream."""
 
-    def __init__(self, seed: int, name: str = "dlrm", tables: int = 8, rows: int = 550_000, dim: int = 32,
+    def __init__(self, seed: int, tables: int = 8, rows: int = 550_000, dim: int = 32,
                  dense_in: int = 13, hidden: int = 64, batch_size: int = 512, lr: float = 0.05,
                  zipf_power: float = 5.0, init_std: float = 0.01) -> None:
         super().__init__(seed)
         for field, value in (("tables", tables), ("rows", rows), ("dim", dim), ("dense_in", dense_in),
                              ("hidden", hidden), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"workload.{field}={value}: must be an integer >= 1")
+            require_int(f"workload.{field}", value, 1)
         if rows >= 1 << 31:
             raise ValueError(f"workload.rows={rows}: must be below 2**31")
         for field, value in (("lr", lr), ("zipf_power", zipf_power), ("init_std", init_std)):
             if not value > 0:
                 raise ValueError(f"workload.{field}={value}: must be a number > 0")
-        self.name = name
         self.tables, self.rows, self.dim, self.dense_in, self.hidden = tables, rows, dim, dense_in, hidden
         self.batch_size, self.lr, self.zipf_power, self.init_std = batch_size, lr, zipf_power, init_std
         g = torch.Generator().manual_seed(stream_seed(seed, "teacher"))

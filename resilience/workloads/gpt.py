@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resilience.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
 
 
@@ -53,7 +54,6 @@ class GPTWorkload(Workload):
     def __init__(
         self,
         seed: int,
-        name: str = "gpt",
         vocab: int = 256,
         d_model: int = 128,
         n_layer: int = 4,
@@ -67,13 +67,11 @@ class GPTWorkload(Workload):
         super().__init__(seed)
         for field, value in (("vocab", vocab), ("d_model", d_model), ("n_layer", n_layer), ("n_head", n_head),
                              ("seq_len", seq_len), ("batch_size", batch_size)):
-            if int(value) < 1:
-                raise ValueError(f"workload.{field}={value}: must be an integer >= 1")
+            require_int(f"workload.{field}", value, 1)
         if d_model % n_head:
             raise ValueError(f"workload.d_model={d_model}: must be divisible by workload.n_head={n_head}")
         if not 0.0 <= follow_prob <= 1.0:
             raise ValueError(f"workload.follow_prob={follow_prob}: must be in [0, 1]")
-        self.name = name
         self.vocab, self.d_model, self.n_layer, self.n_head = vocab, d_model, n_layer, n_head
         self.seq_len, self.batch_size = seq_len, batch_size
         self.lr, self.weight_decay, self.follow_prob = lr, weight_decay, follow_prob

@@ -15,6 +15,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from resilience.checks import require_int
 from resilience.detectors.base import Detection, Detector
 
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
@@ -43,13 +44,10 @@ def odd_ranks(prints: list[tuple[int, ...]]) -> list[int]:
 
 
 class ReplicaFingerprint(Detector):
-    name = "replica_fingerprint"
 
     def __init__(self, every: int = 1, moment_groups: int = 4) -> None:
-        for key, value in (("every", every), ("moment_groups", moment_groups)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"detectors.replica_fingerprint.{key}={value}: must be an integer >= 1")
-        self.every, self.moment_groups = every, moment_groups
+        self.every = require_int("detectors.replica_fingerprint.every", every, 1)
+        self.moment_groups = require_int("detectors.replica_fingerprint.moment_groups", moment_groups, 1)
         self.first_mismatch: int | None = None
         self._last_good = 0
 

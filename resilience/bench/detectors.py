@@ -1,4 +1,4 @@
-"""``python -m resilience.bench_detectors``: the detection targets, measured side by side on this machine.
+"""``python -m resilience.bench.detectors``: the detection targets, measured side by side on this machine.
 
 * process exit detected within 1 s, a hang within ``timeouts.heartbeat_s`` + 1 s, each with the right rank;
 * ``replica_fingerprint`` at k=1 costs <= 2% of the step time of ``gpt_tiny`` (runs with and without it,
@@ -13,7 +13,7 @@ import statistics
 import time
 from pathlib import Path
 
-from resilience.experiment import run_experiment
+from resilience.bench.experiment import run_experiment
 
 BASE = ["workload=gpt_tiny", "world_size=2", "checkpoint.every=10"]
 DEFAULT = "process_exit,heartbeat,collective_timeout,nonfinite,straggler,gpu_health,ckpt_integrity"

@@ -1,4 +1,4 @@
-"""``python -m resilience.compare``: the checkpoint-strategy comparison, measured end to end.
+"""``python -m resilience.bench.compare``: the checkpoint-strategy comparison, measured end to end.
 
 For each workload (default: ``gpt_tiny`` and ``dlrm_emb``, 2 ranks) and each strategy (default: sync, async,
 dcp_async, inmemory, replica, and replica_spare: replica with one warm spare rank; any ``conf/strategy/<name>.yaml``
@@ -7,7 +7,7 @@ can be named), it runs a fault-free experiment and one in which rank 1 is SIGKIL
 checkpoints), then prints one table row per (workload, strategy):
 
 stall (training-visible, median), durable (checkpoint begin -> committed), size, write bandwidth
-(bytes / durable time) and its share of the probed disk write limit (``resilience.probe``), step time, where the
+(bytes / durable time) and its share of the probed disk write limit (``resilience.bench.probe``), step time, where the
 recovery loaded from (disk, own or peer memory, a live replica), the bytes it moved and the time the strategy took
 to load them, the total recovery time (fault to training again), lost steps, whether the survivors were restarted,
 and whether both runs ended bit-identical to the workload's fault-free reference (the first strategy's fault-free
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilience.probe import load_limits
+from resilience.bench.probe import load_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
@@ -67,7 +67,7 @@ def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
            f"steps={plan.steps}", f"checkpoint.every={plan.every}", "world_size=2", "seed=0",
            f"detector=[{detectors}]", f"hydra.run.dir={run_dir}"]
     if resume and (run_dir / "result.json").exists():  # measured before: re-score its events, do not rerun
-        from resilience.result import write_result
+        from resilience.record.result import write_result
 
         print(f"(kept) {run_dir.name}", flush=True)
         return {**write_result(run_dir), "run_dir": str(run_dir)}
@@ -191,7 +191,7 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m resilience.compare", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=list(PLANS), choices=sorted(PLANS))
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
                     help="names of conf/strategy/*.yaml; the first one's fault-free run is the reference")
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"disk write limit {limits['write_GBps']:.2f} GB/s, cold read {limits['read_GBps']:.2f} GB/s, "
                         f"memcpy {limits['memcpy_GBps']:.1f} GB/s, rank start {limits['rank_start_s']:.2f} s, "
                         f"rank-to-rank {limits['p2p_GBps']:.2f} GB/s "
-                        f"(python -m resilience.probe); {len(runs)} runs in {time.monotonic() - t0:.0f} s"])
+                        f"(python -m resilience.bench.probe); {len(runs)} runs in {time.monotonic() - t0:.0f} s"])
     (out / "table.md").write_text(report + "\n")
     _write_csv(out / "runs.csv", runs)
     print("\n" + report + f"\n\nwritten to {out}/table.md and runs.csv", flush=True)

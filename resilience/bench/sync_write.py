@@ -1,10 +1,10 @@
-"""``python -m resilience.strategies.sync_bench``: sync's write path alone, against the probed disk limit.
+"""``python -m resilience.bench.sync_write``: sync's write path alone, against the probed disk limit.
 
 Two gloo ranks hold the ``dlrm_emb`` state (1.13 GB per replica, each rank writes its half) and save it ``--saves``
 times through DCP, alternating the plain ``FileSystemWriter`` and the harness's writer (``HookedWriter``: the same
 plus a CRC32 per file computed in the write path, as every sync checkpoint does), each followed by a barrier: the
 time all data is fsynced. It prints GB/s per save and its share of the probed write limit. Side by side with the
-training runs of ``resilience.compare`` it separates the cost of DCP and checksums from what a checkpoint inside a
+training runs of ``resilience.bench.compare`` it separates the cost of DCP and checksums from what a checkpoint inside a
 training run meets besides (page-cache memory that is new to the machine, the other rank still computing).
 """
 
@@ -59,9 +59,9 @@ def _rank(rank: int, port: int, out: str, saves: int, results) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from resilience.probe import load_limits
+    from resilience.bench.probe import load_limits
 
-    ap = argparse.ArgumentParser(prog="python -m resilience.strategies.sync_bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.sync_write", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=Path("results"), help="where to write (default: results)")
     ap.add_argument("--saves", type=int, default=6, help="saves, alternating the two writers (default 6)")
     args = ap.parse_args(argv)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="sync_bench-") as out:
         mp.start_processes(_rank, args=(port, out, args.saves, results), nprocs=2, start_method="spawn")
         rows = sorted(results.get(timeout=10) for _ in range(args.saves))
-    print(f"probed disk write limit {limit:.2f} GB/s (python -m resilience.probe)")
+    print(f"probed disk write limit {limit:.2f} GB/s (python -m resilience.bench.probe)")
     print("| save | writer | GB | s | GB/s | % of limit |\n|---|---|---|---|---|---|")
     for i, name, nbytes, seconds in rows:
         print(f"| {i} | {name} | {nbytes / 1e9:.2f} | {seconds:.3f} | {nbytes / 1e9 / seconds:.2f} | "

@@ -1,7 +1,7 @@
 """Replace-failed recovery: only the failed ranks are started again; the survivors keep running.
 
 torchelastic has no such mode (it restarts every rank), so this supervisor starts the rank processes itself and
-hosts the store they form their groups on. Every replacement opens a new *generation* (see ``resilience.group``):
+hosts the store they form their groups on. Every replacement opens a new *generation* (see ``resilience.rank.group``):
 the survivors, whose collectives failed when the peer's sockets closed, wait for it, re-form the group with the
 replacement, and hand it their state (``resilience.strategies.replica``). The restart budget counts replacements.
 """
@@ -18,12 +18,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from resilience.events import EventLog
-from resilience.group import GENERATION_KEY, STORE_ENV
-from resilience.heartbeat import reset_board
-from resilience.observer import Observer, kill_hard, say
-from resilience.spare import SPARE_ENV, assign_key
-from resilience.supervisor import Supervisor
+from resilience.record.events import EventLog
+from resilience.rank.group import GENERATION_KEY, STORE_ENV
+from resilience.record.board import reset_board
+from resilience.supervise.observer import Observer, kill_hard, say
+from resilience.rank.spare import SPARE_ENV, assign_key
+from resilience.supervise.supervisor import Supervisor
 
 
 class _Terminated(Exception):

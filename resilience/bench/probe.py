@@ -1,4 +1,4 @@
-"""``python -m resilience.probe [--dir CKPT_DIR] [--out FILE] [--refresh]``: this machine's limits, for context.
+"""``python -m resilience.bench.probe [--dir CKPT_DIR] [--out FILE] [--refresh]``: this machine's limits, for context.
 
 A checkpoint cannot be written faster than the disk takes data, snapshotted faster than memory copies, or a
 recovery finish before processes restart. The probe measures those ceilings, so that results can say how close
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from resilience.fsio import atomic_write_json
+from resilience.record.fsio import atomic_write_json
 
 CACHE_DIR = Path(os.environ.get("RESILIENCE_CACHE", Path.home() / ".cache" / "resilience-bench"))
 CHUNK = 8 << 20
@@ -205,7 +205,7 @@ def describe(limits: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m resilience.probe", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="results", help="a directory on the checkpoint file system (default: results)")
     ap.add_argument("--out", help="also write the figures to this JSON file")
     ap.add_argument("--refresh", action="store_true", help="probe again even if cached figures exist")

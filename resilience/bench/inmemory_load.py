@@ -1,4 +1,4 @@
-"""``python -m resilience.strategies.inmemory_bench``: recovery load time, in-memory snapshot against sync's disk load.
+"""``python -m resilience.bench.inmemory_load``: recovery load time, in-memory snapshot against sync's disk load.
 
 For each workload it runs real experiments (2 ranks, detector ``process_exit`` only) in which rank 1 is killed
 once 12 steps are done (``checkpoint.every=5``: both strategies reload step 10), with ``strategy=sync`` and with
@@ -18,8 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-from resilience.events import read_events
-from resilience.experiment import run_experiment
+from resilience.record.events import read_events
+from resilience.bench.experiment import run_experiment
 
 STEPS, EVERY, FAULT_STEP = 14, 5, 12  # rank 1 dies once 12 steps are done: both strategies reload step 10
 
@@ -40,7 +40,7 @@ def one_run(out: Path, workload: str, strategy: str, fault: str, index: int, no_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m resilience.strategies.inmemory_bench",
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.inmemory_load",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["gpt_small"])
     ap.add_argument("--repeats", type=int, default=3, help="runs per configuration; the median load time is shown")

@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilience.fsio import atomic_write_json, fsync_dir
-from resilience.strategies.checksum import collect_checksums
+from resilience.record.fsio import atomic_write_json, fsync_dir
+from resilience.ckpt.checksum import collect_checksums
 
 COMMIT_MARKER = "COMMIT.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")

@@ -16,14 +16,13 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from resilience.group import STORE_ENV
+from resilience.rank.group import STORE_ENV
+from resilience.roles import Roles, build_roles
 
 SPARE_ENV = "RB_SPARE"  # the spare's number; absent in a rank process started for a rank
 
@@ -36,7 +35,7 @@ def assign_key(spare: int) -> str:
 class Prepared:
     """What a spare built before it had a rank (on CPU; with CUDA the rank builds on its device itself)."""
 
-    workload: Any
+    roles: Roles
     model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer | None
 
@@ -50,11 +49,11 @@ def wait_as_spare(cfg: DictConfig, configure, redirect) -> Prepared:
     configure(torch.device("cpu"), int(cfg.threads_per_rank))
     importlib.import_module("torch._dynamo")  # DDP's constructor imports it: pay for it now, not in the recovery
 
-    workload = instantiate(cfg.workload, seed=int(cfg.seed))
+    roles = build_roles(cfg)
     model = optimizer = None
     if cfg.device == "cpu":
-        model = workload.build_model()
-        optimizer = workload.build_optimizer(model)
+        model = roles.workload.build_model()
+        optimizer = roles.workload.build_optimizer(model)
     host, port = os.environ[STORE_ENV].rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(days=7))
     print(f"spare {spare} ready", file=sys.stderr, flush=True)
@@ -62,4 +61,4 @@ def wait_as_spare(cfg: DictConfig, configure, redirect) -> Prepared:
     rank, generation = store.get(assign_key(spare)).decode().split()
     os.environ.update(RANK=rank, LOCAL_RANK=rank, TORCHELASTIC_RESTART_COUNT=generation)
     del os.environ[SPARE_ENV]
-    return Prepared(workload, model, optimizer)
+    return Prepared(roles, model, optimizer)

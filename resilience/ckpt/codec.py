@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from resilience.state import TrainState
-from resilience.strategies.shm_store import ALIGN
+from resilience.ckpt.shm_store import ALIGN
 
 
 class TensorRef(NamedTuple):

@@ -1,4 +1,4 @@
-"""``python -m resilience.demo``: the demo experiment that ``make run`` runs.
+"""``python -m resilience.bench.demo``: the demo experiment that ``make run`` runs.
 
 A fault-free reference run, then the same run with rank 1 killed (SIGKILL) at step 13, recovered from the
 step-10 checkpoint; the two final states must be bit-identical.
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from resilience.experiment import run_experiment
+from resilience.bench.experiment import run_experiment
 
 COMMON = ["strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed=0"]
 

@@ -1,7 +1,8 @@
 """What the simulated nodes of a run hold in shared memory, and its removal (in-memory checkpointing).
 
-``NodeMemory.destroy(node)`` is the ``RankRuntime.node_memory`` hook of the ``node_loss`` injector: the node's RAM
-is gone with it. ``cleanup(run_dir)`` is the supervisor's, when a run ends: rank processes cannot remove their
+``NodeMemory.destroy(node)`` is the ``RankRuntime.node_memory`` service the in-memory strategy provides to the
+``node_loss`` injector: the node's RAM is gone with it. ``cleanup(run_dir)`` is the supervisor's (through the
+strategy's ``clean_up_run``), when a run ends: rank processes cannot remove their
 areas (they die). ``claim`` and ``sweep_stale`` cover a supervisor that died before its cleanup.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from resilience.strategies import shm_store
-from resilience.strategies.shm_store import PAGE, PREFIX, run_id
+from resilience.ckpt import shm_store
+from resilience.ckpt.shm_store import PAGE, PREFIX, run_id
 
 
 def node_areas(rid: str, node: int) -> list[Path]:
@@ -26,7 +27,7 @@ def node_tombstone(rid: str, node: int) -> Path:
 class NodeMemory:
     """What the simulated nodes of one run hold in memory: ``destroy(node)`` wipes one node's areas.
 
-    Set as ``RankRuntime.node_memory``; the ``node_loss`` injector calls ``destroy`` before killing the node's
+    Provided as ``RankRuntime.node_memory``; the ``node_loss`` injector calls ``destroy`` before killing the node's
     ranks. A tombstone marks the node lost until it rejoins (``revive``, at the next load), so that a peer
     writing its copy into that node's memory at the same moment cannot bring an area back to life.
     """

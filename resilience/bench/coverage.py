@@ -1,4 +1,4 @@
-"""``python -m resilience.coverage``: which detector catches which fault, how fast, and whom it blames.
+"""``python -m resilience.bench.coverage``: which detector catches which fault, how fast, and whom it blames.
 
 Runs every fault of the library once with every detector enabled (3 ranks, so that a majority can name the odd
 replica out) plus a fault-free run, and prints one row per (fault, detector) that fired, with the misses listed
@@ -14,8 +14,8 @@ import io
 import time
 from pathlib import Path
 
-from resilience.experiment import run_experiment
-from resilience.fsio import atomic_write_bytes
+from resilience.bench.experiment import run_experiment
+from resilience.record.fsio import atomic_write_bytes
 
 ALL = ["process_exit", "heartbeat", "collective_timeout", "nonfinite", "loss_spike", "grad_norm",
        "replica_fingerprint", "straggler", "gpu_health", "ckpt_integrity"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from resilience.detectors.base import Detection, Detector
 from resilience.detectors.suite import emit_detection
-from resilience.events import EventLog
-from resilience.heartbeat import read_board
+from resilience.record.events import EventLog
+from resilience.record.board import read_board
 
 log = logging.getLogger(__name__)
 

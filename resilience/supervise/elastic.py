@@ -20,10 +20,10 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from resilience.events import EventLog
-from resilience.heartbeat import reset_board
-from resilience.observer import Observer, kill_hard, say
-from resilience.supervisor import Supervisor
+from resilience.record.events import EventLog
+from resilience.record.board import reset_board
+from resilience.supervise.observer import Observer, kill_hard, say
+from resilience.supervise.supervisor import Supervisor
 
 
 class ObservedAgent(LocalElasticAgent):

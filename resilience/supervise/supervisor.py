@@ -1,10 +1,10 @@
 """The supervisor: starts the rank processes of one experiment on this host and recovers them until done.
 
-Two ways to recover, one class each, chosen by the strategy:
+Two ways to recover, one class each, chosen by the strategy (``resilience.__main__.supervisor_for``):
 
-* ``resilience.elastic.ElasticSupervisor`` restarts every rank after a failure: PyTorch's elastic agent (what
+* ``resilience.supervise.elastic.ElasticSupervisor`` restarts every rank after a failure: PyTorch's elastic agent (what
   torchrun runs), which every checkpointing strategy relies on;
-* ``resilience.replacing.ReplacingSupervisor`` restarts only the failed ranks, while the survivors keep their
+* ``resilience.supervise.replacing.ReplacingSupervisor`` restarts only the failed ranks, while the survivors keep their
   state and re-form the group in place: what a strategy that ``recovers_in_place`` (``replica``) needs.
 
 Both report through the same ``Observer`` (detectors -> ``fault_detected`` events) and heartbeat board, so that
@@ -16,17 +16,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
-from resilience.events import EventLog
-from resilience.heartbeat import create_board
-from resilience.observer import Observer, say
+from resilience.record.events import EventLog
+from resilience.record.board import create_board
+from resilience.supervise.observer import Observer, say
 from resilience.recovery.base import RecoveryPolicy
-from resilience.strategies import node_memory
+from resilience.strategies.base import CheckpointStrategy
 
-__all__ = ["Supervisor", "for_run", "say"]
+__all__ = ["Supervisor", "say"]
 
 
 class Supervisor(ABC):
@@ -34,9 +33,9 @@ class Supervisor(ABC):
 
     mode: str = "base"  # how it recovers, in the ``launch`` event: "restart_all" or "replace_failed"
 
-    def __init__(self, cfg: DictConfig, config_path: Path, detectors: list[Detector],
+    def __init__(self, cfg: DictConfig, config_path: Path, strategy: CheckpointStrategy, detectors: list[Detector],
                  policy: RecoveryPolicy) -> None:
-        self.cfg, self.config_path = cfg, config_path
+        self.cfg, self.config_path, self.strategy = cfg, config_path, strategy
         self.detectors, self.policy, self.max_restarts = detectors, policy, policy.max_restarts
         self.run_dir = Path(cfg.run_dir)
         self.world_size = int(cfg.world_size)
@@ -56,9 +55,9 @@ class Supervisor(ABC):
         try:
             outcome = self._run(events, observer)
         finally:
-            # The supervisor owns what ranks keep in node memory (in-memory snapshots): the ranks cannot
-            # remove it, since they may die; it goes whatever the outcome.
-            node_memory.cleanup(self.run_dir)
+            # What the ranks leave on the host for recovery (e.g. in-memory snapshots) is the supervisor's to
+            # remove: the ranks cannot, since they may die; it goes whatever the outcome.
+            self.strategy.clean_up_run(self.run_dir)
         events.emit("supervisor_end", outcome=outcome, fsync=True)
         events.close()
         return outcome
@@ -67,11 +66,3 @@ class Supervisor(ABC):
     def _run(self, events: EventLog, observer: Observer) -> str:
         """Start the ranks, watch and recover them; return "succeeded" or "failed"."""
 
-
-def for_run(cfg: DictConfig, config_path: Path, detectors: list[Detector], policy: RecoveryPolicy) -> Supervisor:
-    """The supervisor that the run's strategy needs."""
-    if getattr(get_class(cfg.strategy._target_), "recovers_in_place", False):
-        from resilience.replacing import ReplacingSupervisor
-        return ReplacingSupervisor(cfg, config_path, detectors, policy)
-    from resilience.elastic import ElasticSupervisor
-    return ElasticSupervisor(cfg, config_path, detectors, policy)

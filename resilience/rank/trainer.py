@@ -28,8 +28,8 @@ import torch
 from omegaconf import DictConfig
 
 from resilience.detectors.suite import RankDetectors
-from resilience.events import read_events
-from resilience.heartbeat import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
+from resilience.record.events import read_events
+from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy

@@ -1,4 +1,4 @@
-"""``python -m injectors.bench``: what an armed injector that does not fire costs, against a real step.
+"""``python -m resilience.bench.injector_cost``: what an armed injector that does not fire costs, against a real step.
 
 Target: <= 1% of the step time of gpt_tiny. Both are measured here, side by side, in one process.
 """
@@ -17,7 +17,7 @@ from injectors.bitflip import BitFlip
 from injectors.hang import Hang
 from injectors.kill import Kill
 from injectors.slow_disk import SlowDisk
-from resilience.events import EventLog
+from resilience.record.events import EventLog
 from resilience.runtime import RankRuntime
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -39,7 +39,7 @@ def step_time(steps: int = 20) -> float:
 def hook_cost(injector, run_dir: Path, calls: int = 100_000) -> float:
     """Seconds per training step spent in the hook: three phase calls per step, none of them firing."""
     injector.validate(2, 10**9, 5)
-    injector.attach(RankRuntime(rank=1, world_size=2, attempt=0, device=torch.device("cpu"), run_dir=run_dir,
+    injector.attach(RankRuntime(rank=1, world_size=2, device=torch.device("cpu"), run_dir=run_dir,
                                 ckpt_dir=run_dir / "ckpt", events=EventLog(run_dir, 1, 0)))
     t0 = time.perf_counter()
     for step in range(calls):

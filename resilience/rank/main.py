@@ -14,20 +14,21 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from injectors.base import Injector
 from resilience.detectors.process_exit import RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
-from resilience.events import EventLog, read_events
-from resilience.group import RankGroup
-from resilience.heartbeat import Beater
-from resilience.reduce import install as install_reduce
+from resilience.record.events import EventLog, read_events
+from resilience.rank.group import RankGroup
+from resilience.record.board import Beater
+from resilience.rank.reduce import install as install_reduce
+from resilience.roles import build_roles
 from resilience.runtime import RankRuntime
-from resilience.spare import SPARE_ENV, Prepared, wait_as_spare
+from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
 from resilience.state import TrainState
-from resilience.trainer import Trainer
+from resilience.rank.trainer import Trainer
 
 
 def configure_determinism(device: torch.device, threads: int) -> None:
@@ -80,31 +81,31 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         group = RankGroup(cfg.backend, rank, world, float(cfg.timeouts.collective_s))
         group.join()
         # In place, the supervisor numbers the generations; under an elastic agent the ranks agree on it.
-        attempt = events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
+        events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
-        workload = prepared.workload if prepared else instantiate(cfg.workload, seed=int(cfg.seed))
-        strategy = instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep)
-        injector = instantiate(cfg.fault)
-        injector.validate(world, int(cfg.steps), strategy.every if strategy.saves else None)
-        policy = instantiate(cfg.recovery)
-        detectors = RankDetectors([instantiate(d) for d in cfg.detectors.values()], policy)
-        rt = RankRuntime(rank=rank, world_size=world, attempt=attempt, device=device, run_dir=run_dir,
+        roles = build_roles(cfg) if prepared is None else prepared.roles
+        strategy, injector = roles.strategy, roles.injector
+        detectors = RankDetectors(roles.detectors, roles.policy)
+        # Each service comes from the role that provides it; the runtime is frozen from here on.
+        rt = RankRuntime(rank=rank, world_size=world, device=device, run_dir=run_dir,
                          ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector,
-                         load_max_step=rollback_bound(run_dir, attempt), group=group)
+                         load_max_step=rollback_bound(run_dir, events.attempt),
+                         ckpt_fs=injector.checkpoint_fs(rank), node_memory=strategy.node_memory(run_dir),
+                         ckpt_verifier=detectors.checkpoint_verifier(), group=group,
+                         wrap_model=ModelWrapper(device, world, injector, in_place=group.in_place))
         injector.attach(rt)
-        rt.wrap_model = ModelWrapper(rt, injector, in_place=group.in_place)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
             state = TrainState(ddp, prepared.optimizer)
         else:
-            ddp = rt.wrap_model(workload.build_model().to(device))
-            state = TrainState(ddp, workload.build_optimizer(ddp))
+            ddp = rt.wrap_model(roles.workload.build_model().to(device))
+            state = TrainState(ddp, roles.workload.build_optimizer(ddp))
         injector.arm(state)
         detectors.attach(rt, state)
         strategy.attach(rt)
         beater = Beater(run_dir, rank)
         try:
-            Trainer(cfg, rt, workload, state, strategy, detectors, beater).run()
+            Trainer(cfg, rt, roles.workload, state, strategy, detectors, beater).run()
         finally:
             beater.close()
             strategy.close()
@@ -127,18 +128,18 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
 class ModelWrapper:
     """Wraps the bare model in DDP over the current group, with the run's gradient reduction."""
 
-    def __init__(self, rt: RankRuntime, injector, in_place: bool) -> None:
-        self.rt, self.injector, self.in_place = rt, injector, in_place
+    def __init__(self, device: torch.device, world_size: int, injector: Injector, in_place: bool) -> None:
+        self.device, self.world_size, self.injector, self.in_place = device, world_size, injector, in_place
 
     def __call__(self, module: torch.nn.Module) -> DDP:
-        device = self.rt.device
+        device = self.device
         # In place, survivors and replacement may hold different states until the strategy reconciles them:
         # DDP must not broadcast rank 0's parameters over them (at generation 0 all are equal anyway).
         ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None, init_sync=not self.in_place)
         if self.injector.hooks_reduction:  # an injector that hooks the reduction ends in the same one itself
             self.injector.hook_reduction(ddp)
         else:
-            install_reduce(ddp, self.rt.world_size)
+            install_reduce(ddp, self.world_size)
         return ddp
 
 
@@ -156,6 +157,3 @@ def main(argv: list[str]) -> None:
     prepared = wait_as_spare(cfg, configure_determinism, redirect_output) if SPARE_ENV in os.environ else None
     run_rank(cfg, prepared)
 
-
-if __name__ == "__main__":
-    main(sys.argv)

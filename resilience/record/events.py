@@ -1,6 +1,6 @@
 """The run's event log: one JSON object per line in ``events.jsonl``, shared by the supervisor and every rank.
 
-Every metric in ``result.json`` is derived from this file (see ``resilience.metrics``), so the log is the ground
+Every metric in ``result.json`` is derived from this file (see ``resilience.record.metrics``), so the log is the ground
 truth of a run. Each event is appended with a single ``os.write`` on an ``O_APPEND`` descriptor: on a local file
 system concurrent appends from several processes never interleave within a line, and a process killed with
 SIGKILL loses at most the event it had not yet written.

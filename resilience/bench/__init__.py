@@ -1,0 +1,1 @@
+"""Commands that run whole experiments or time one mechanism: probe, compare, coverage, demo, benchmarks."""

@@ -1,0 +1,1 @@
+"""Checkpoint machinery the strategies share: commit records, checksums, snapshot buffers, shared memory, transfer."""

@@ -1,0 +1,68 @@
+"""The roles of one run, built from its configuration in one place: validation, the rank and the spare use it.
+
+A role is one class behind its group's small interface, chosen by one YAML in ``conf/<group>/``: a workload, a
+checkpoint strategy, a fault injector, a recovery policy, detectors. Building a role validates its settings (a bad
+value raises ``ValueError`` naming the key); ``build_roles`` adds the checks that need two roles at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from injectors.base import Injector
+from resilience.detectors.base import Detector
+from resilience.recovery.base import RecoveryPolicy
+from resilience.strategies.base import CheckpointStrategy
+from resilience.workloads.base import Workload
+
+
+@dataclass(frozen=True)
+class Roles:
+    workload: Workload
+    strategy: CheckpointStrategy
+    injector: Injector
+    policy: RecoveryPolicy
+    detectors: list[Detector]
+
+
+def build_roles(cfg: DictConfig) -> Roles:
+    """Every role of the run in ``cfg`` (a resolved configuration), checked against each other.
+
+    Raises ``ValueError`` naming the setting, with Hydra's wrapping of constructor errors taken off."""
+    try:
+        roles = Roles(
+            workload=instantiate(cfg.workload, seed=cfg.seed),
+            strategy=instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep),
+            injector=instantiate(cfg.fault),
+            policy=instantiate(cfg.recovery),
+            detectors=[instantiate(d) for d in cfg.detectors.values()],
+        )
+    except ValueError:
+        raise
+    except Exception as exc:  # Hydra wraps constructor errors; unwrap to the one line that matters
+        cause = exc.__cause__ or exc
+        if isinstance(cause, ValueError):
+            raise cause from None
+        raise ValueError(f"{type(cause).__name__}: {cause}") from None
+    strategy = roles.strategy
+    roles.injector.validate(int(cfg.world_size), int(cfg.steps), strategy.every if strategy.saves else None)
+    _check_together(cfg, roles)
+    return roles
+
+
+def _check_together(cfg: DictConfig, roles: Roles) -> None:
+    """What one role's settings mean for another's."""
+    strategy, spares = roles.strategy, cfg.supervisor.spares
+    if spares and not strategy.recovers_in_place:
+        raise ValueError(f"supervisor.spares={spares}: only a strategy that recovers in place "
+                         f"(strategy=replica) uses spare ranks; set supervisor.spares=0")
+    if strategy.recovers_in_place:
+        if roles.policy.on_silent == "rollback":
+            raise ValueError(f"recovery={roles.policy.name}: strategy={strategy.name} keeps no "
+                             f"checkpoint to roll back to; use recovery=restart or recovery=fail")
+        if cfg.supervisor.launcher != "local":
+            raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: strategy={strategy.name} needs the "
+                             f"local supervisor, which replaces failed ranks (torchrun restarts every rank)")
