@@ -33,7 +33,7 @@ class Injector(Named, ABC):
     (drawn from ``seed``), up to ``count`` times in all: faults at a known rate.
     """
 
-    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.rank.reduce itself)
+    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.reduce itself)
 
     def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward",
                  probability: float | None = None, count: int = 1, seed: int = 0) -> None:

@@ -25,7 +25,7 @@ import torch
 from injectors.base import Injector
 from resilience.checks import require_int
 from injectors.bits import BIT_CLASSES, choose_bits, flip_bits, pick_element
-from resilience.rank.reduce import reduce_hook_for
+from resilience.reduce import reduce_hook_for
 from resilience.ckpt.commit import CheckpointDir
 from resilience.workloads.base import stream_seed
 
@@ -65,7 +65,7 @@ class BitFlip(Injector):
 
     def hook_reduction(self, ddp: Any) -> None:
         # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
-        # reduction (resilience.rank.reduce) takes over. The closure is unannotated: DDP inspects annotations.
+        # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
         self._reduce = reduce_hook_for(self.rt.world_size)
 
         def hook(process_group, bucket):

@@ -1,6 +1,6 @@
 """The report's Methods section: every metric in plain words, as ``resilience.record.metrics`` computes it.
 
-Keep this in step with ``resilience/metrics.py`` (one definition per metric, computed from ``events.jsonl``) and
+Keep this in step with ``resilience/record/metrics.py`` (one definition per metric, computed from ``events.jsonl``) and
 with the derived columns of ``reports.aggregate`` and ``reports.tables``. Times are seconds on one host's monotonic
 clock; "rank 0" means the numbers come from rank 0's events.
 """

@@ -23,7 +23,7 @@ from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
 from resilience.rank.group import RankGroup
 from resilience.record.board import Beater
-from resilience.rank.reduce import install as install_reduce
+from resilience.reduce import install as install_reduce
 from resilience.roles import build_roles
 from resilience.runtime import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare

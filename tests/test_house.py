@@ -1,0 +1,148 @@
+"""The house plan holds: rooms import only downward and in no circle, and every option in conf/ builds its role."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from injectors.base import Injector
+from resilience.config import CONF_DIR
+from resilience.detectors.base import Detector
+from resilience.recovery.base import RecoveryPolicy
+from resilience.strategies.base import CheckpointStrategy
+from resilience.workloads.base import Workload
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("resilience", "injectors", "reports")
+
+# The floors, from the ground up: a module may import from its own floor or below, never from above. Commands
+# (what a user runs) are the top floor; nothing beneath imports them.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("ground", ("resilience.checks", "resilience.named", "resilience.child", "resilience.state",
+                "resilience.reduce", "resilience.record", "resilience.workloads")),
+    ("services", ("resilience.runtime", "resilience.ckpt")),
+    ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "injectors")),
+    ("assembly", ("resilience.roles", "resilience.config")),
+    ("processes", ("resilience.rank", "resilience.supervise")),
+    ("commands", ("resilience.__main__", "resilience.result", "resilience.bench", "resilience.projection",
+                  "reports")),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``path`` imports, anywhere in the file (function-level imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+                break
+    return found
+
+
+def floor_of(module: str) -> int:
+    for level, (_, prefixes) in enumerate(FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    raise AssertionError(f"{module}: on no floor of the plan; add its room to FLOORS")
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {m: imports_of(p, modules) - {m} for m, p in modules.items()}
+
+
+def test_every_module_is_on_a_floor_and_imports_only_downward(graph):
+    upward = [f"{m} ({FLOORS[floor_of(m)][0]}) imports {d} ({FLOORS[floor_of(d)][0]})"
+              for m, deps in graph.items() for d in deps if floor_of(d) > floor_of(m)]
+    assert upward == []
+
+
+def test_no_import_circle(graph):
+    # Tarjan's strongly connected components: a component of more than one module is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for d in graph.get(m, ()):
+            if d not in index:
+                visit(d)
+                low[m] = min(low[m], low[d])
+            elif d in stack:
+                low[m] = min(low[m], index[d])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == m:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert circles == []
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The layering check is not vacuous: a role importing the supervisor is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from resilience.supervise.supervisor import Supervisor\n")
+    deps = imports_of(bad, project_modules())
+    assert deps == {"resilience.supervise.supervisor"} and floor_of("resilience.supervise.supervisor") > \
+        floor_of("resilience.strategies.sync")
+
+
+BASES = {"strategy": CheckpointStrategy, "fault": Injector, "detector": Detector, "recovery": RecoveryPolicy,
+         "workload": Workload}
+
+
+def options() -> list[tuple[str, str]]:
+    return [(group, p.stem) for group in BASES for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize(("group", "option"), options())
+def test_every_option_builds_its_role_under_its_own_name(group, option):
+    """A new YAML in conf/<group>/ is checked here without touching any test."""
+    key = "detector" if group == "detector" else group
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        overrides = [f"detector=[{option}]"] if group == "detector" else [f"{key}={option}"]
+        cfg = compose(config_name="config", overrides=overrides)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    node = cfg.detectors[option] if group == "detector" else cfg[group]
+    extra = {"strategy": {"every": cfg.checkpoint.every, "keep": cfg.checkpoint.keep},
+             "workload": {"seed": cfg.seed}}.get(group, {})
+    role = instantiate(node, **extra)
+    assert isinstance(role, BASES[group])
+    if group == "fault":
+        role.validate(int(cfg.world_size), int(cfg.steps), cfg.checkpoint.every)
+    if group != "workload":  # a workload is named by its YAML alone (two options share the GPT class)
+        assert role.name == option
