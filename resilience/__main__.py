@@ -7,14 +7,17 @@ harness itself failed, 2 for a configuration error (one line on stderr naming th
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from resilience.ckpt.lock import DirectoryInUse, DirectoryLock, holds_checkpoints
 from resilience.config import ConfigError, check_group_choices, resolve
+from resilience.identity import new_run_id
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
 from resilience.record.result import summarize, write_result
@@ -40,9 +43,9 @@ def main(cfg: DictConfig) -> None:
         cfg = resolve(cfg, run_dir, choices)
         if (run_dir / EVENTS_FILE).exists():
             raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({EVENTS_FILE}); choose a new directory")
-        ckpt = Path(cfg.checkpoint.dir)
-        if ckpt.exists() and any(ckpt.iterdir()):
-            raise ConfigError(f"checkpoint.dir={ckpt}: is not empty; a run starts from an empty directory")
+        with open_dict(cfg):
+            cfg.run_id = new_run_id()
+        lock = own_checkpoint_dir(cfg, run_dir)
     except ConfigError as exc:
         _fail_config(exc)
     config_path = run_dir / "config.yaml"
@@ -55,10 +58,25 @@ def main(cfg: DictConfig) -> None:
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
     supervisor_for(cfg, config_path, roles).run()
     result = write_result(run_dir)
+    lock.release()  # held until here: the directory was this run's while anything could write to it
     print(summarize(result), flush=True)
     if result["status"] == "error":
         say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")
         sys.exit(1)
+
+
+def own_checkpoint_dir(cfg: DictConfig, run_dir: Path) -> DirectoryLock:
+    """Lock the run's checkpoint directory for the life of this command (see ``resilience.ckpt.lock``)."""
+    ckpt = Path(cfg.checkpoint.dir)
+    lock = DirectoryLock(ckpt)
+    try:
+        lock.acquire({"run_id": cfg.run_id, "run_dir": str(run_dir), "pid": os.getpid()})
+    except DirectoryInUse as exc:
+        raise ConfigError(f"checkpoint.dir={ckpt}: {exc}") from None
+    if holds_checkpoints(ckpt):
+        lock.release()
+        raise ConfigError(f"checkpoint.dir={ckpt}: is not empty; a run starts from an empty directory")
+    return lock
 
 
 def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:

@@ -1,7 +1,7 @@
 """What a rank process knows about itself, handed to every role (strategy, injector, detector) it hosts.
 
 The runtime is frozen: it is built once per rank process from the roles, after each role has said which service it
-provides (``Injector.checkpoint_fs``, ``CheckpointStrategy.node_memory``, ``Detector.checkpoint_verifier``), so no
+provides (``Injector.checkpoint_fs``, ``CheckpointStrategy.node_memory``, ``Detector.rejection_report``), so no
 role writes into another role's object and every reader finds a typed service or ``None``.
 """
 
@@ -10,15 +10,14 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, Protocol
+from typing import IO, Callable, Protocol
 
 import torch
 from torch import nn
 
+from resilience.identity import RunIdentity
 from resilience.record.events import EventLog
 
-if TYPE_CHECKING:
-    from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
 
 # A phase hook: (phase, step) -> None. The training loop and the strategies call it at each named point.
 PhaseHook = Callable[[str, int], None]
@@ -41,10 +40,10 @@ class NodeMemory(Protocol):
         """Wipe everything node ``node`` holds, as the loss of that machine would."""
 
 
-class CheckpointVerifier(Protocol):
-    """Decides whether a committed checkpoint may be loaded."""
+class RejectionReport(Protocol):
+    """Told of every committed checkpoint a load passed over, and why (the strategies always check)."""
 
-    def __call__(self, dirs: CheckpointDir, entry: CheckpointEntry) -> bool: ...
+    def __call__(self, step: int, path: Path, reason: str) -> None: ...
 
 
 class ProcessGroup(Protocol):
@@ -76,13 +75,15 @@ class RankRuntime:
     run_dir: Path
     ckpt_dir: Path
     events: EventLog
+    # Whose checkpoints this rank may load (None: a unit test's runtime, any run's).
+    identity: RunIdentity | None = None
     fault_hook: PhaseHook = field(default=_no_hook)
     # Recovery instructions for this attempt: load no checkpoint newer than this step (a rollback).
     load_max_step: int | None = None
     # Services provided by roles (None: nobody provides one; plain files, nothing in node memory, no extra check).
     ckpt_fs: CheckpointFileSystem | None = None
     node_memory: NodeMemory | None = None
-    ckpt_verifier: CheckpointVerifier | None = None
+    ckpt_rejected: RejectionReport | None = None
     group: ProcessGroup | None = None
     wrap_model: ModelWrap | None = None
 

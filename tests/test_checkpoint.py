@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import ROOT
-from resilience.state import TrainState, state_sha256
+from conftest import ROOT, run_cli
 from resilience.ckpt.commit import COMMIT_MARKER, CheckpointDir
+from resilience.ckpt.lock import DirectoryInUse, DirectoryLock
+from resilience.identity import RunIdentity
+from resilience.record.events import EventLog, read_events
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState, state_sha256
+from resilience.strategies.sync import SyncCheckpoint
 
 
 def fake_checkpoint(dirs: CheckpointDir, step: int, commit: bool) -> None:
@@ -61,3 +69,70 @@ def test_committed_checkpoint_loads_with_plain_dcp(runs_root, reference):
     assert state_sha256({"model": model.state_dict()}) != before
     assert int(state.optimizer.state_dict()["state"][0]["step"]) == 25  # Adam's step count came back too
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+RUN_A = RunIdentity("a" * 16, "c" * 16, 2, 8)
+RUN_B = RunIdentity("b" * 16, "c" * 16, 2, 7)
+
+
+def damaged(tmp_path, how: str) -> CheckpointDir:
+    """Checkpoints 5 and 10 of run A, then checkpoint 10 damaged ``how``."""
+    dirs = CheckpointDir(tmp_path, owner=RUN_A)
+    for step in (5, 10):
+        fake_checkpoint(dirs, step, commit=True)
+    newest = dirs.path_for(10)
+    if how == "flip":
+        raw = bytearray((newest / "__0_0.distcp").read_bytes())
+        raw[50] ^= 0x01
+        (newest / "__0_0.distcp").write_bytes(bytes(raw))
+    elif how == "truncate":
+        (newest / "__0_0.distcp").write_bytes(b"x" * 99)
+    elif how in ("delete_data", "delete_metadata"):
+        (newest / ("__0_0.distcp" if how == "delete_data" else ".metadata")).unlink()
+    elif how == "garble_commit":
+        (newest / COMMIT_MARKER).write_text('{"step": 10, "files": ')
+    elif how == "commit_without_checksums":
+        record = json.loads((newest / COMMIT_MARKER).read_text())
+        del record["crc32"]
+        (newest / COMMIT_MARKER).write_text(json.dumps(record))
+    return dirs
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete_data", "delete_metadata", "garble_commit",
+                                 "commit_without_checksums"])
+def test_a_damaged_checkpoint_is_skipped_for_the_previous_one_without_any_detector(tmp_path, how):
+    dirs = damaged(tmp_path / "ckpt", how)
+    assert dirs.check(dirs.newest_committed()) is not None
+    events = EventLog(tmp_path, 0, 0)
+    rt = RankRuntime(rank=0, world_size=1, device=torch.device("cpu"), run_dir=tmp_path, ckpt_dir=tmp_path / "ckpt",
+                     events=events, identity=RUN_A)  # no detector: no rejection report at all
+    strategy = SyncCheckpoint(every=5, keep=2)
+    strategy.attach(rt)
+    assert strategy.choose().step == 5
+    events.close()
+    (rejected,) = [e for e in read_events(tmp_path) if e["kind"] == "ckpt_rejected"]
+    assert rejected["step"] == 10 and rejected["reason"]
+
+
+def test_another_runs_checkpoint_is_never_loaded(tmp_path):
+    fake_checkpoint(CheckpointDir(tmp_path, owner=RUN_A), 10, commit=True)  # run A wrote step 10 here
+    mine = CheckpointDir(tmp_path, owner=RUN_B)
+    fake_checkpoint(mine, 5, commit=True)
+    assert mine.check(mine.newest_committed()).startswith("written by another run")
+    assert mine.check(mine.entries()[0]) is None
+    assert json.loads((mine.path_for(5) / COMMIT_MARKER).read_text())["run"] == RUN_B.as_dict()
+
+
+def test_a_locked_checkpoint_dir_is_refused_naming_its_owner(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    lock = DirectoryLock(ckpt)
+    lock.acquire({"run_id": "someone", "run_dir": "/elsewhere"})
+    try:
+        with pytest.raises(DirectoryInUse, match="someone"):
+            DirectoryLock(ckpt).acquire({"run_id": "me"})
+        done = run_cli("steps=2", f"checkpoint.dir={ckpt}", f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1
+        assert "in use by another run" in done.stderr and "someone" in done.stderr and str(ckpt) in done.stderr
+    finally:
+        lock.release()
+    DirectoryLock(ckpt).acquire({"run_id": "me"})  # released: free again (a SIGKILLed owner releases it too)

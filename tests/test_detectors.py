@@ -126,7 +126,7 @@ def test_ckpt_integrity_skips_a_corrupt_checkpoint_for_the_previous(tmp_path, ru
     newest = dirs.newest_committed()
     assert newest.step == 25 and dirs.manifest(newest)["crc32"]
     det = CkptIntegrity()
-    runtime = dataclasses.replace(rt(tmp_path), ckpt_verifier=det.checkpoint_verifier())  # the service it provides
+    runtime = dataclasses.replace(rt(tmp_path), ckpt_rejected=det.rejection_report())  # the service it provides
     det.attach(runtime, None)
     strategy = SyncCheckpoint(every=5, keep=2)
     strategy.attach(runtime)

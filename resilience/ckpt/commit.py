@@ -1,8 +1,13 @@
 """The on-disk layout of checkpoints and their atomic commit.
 
 ``<ckpt_dir>/step_00000010/`` holds one checkpoint in DCP's format (``.metadata`` and ``*.distcp``). It counts
-only once ``COMMIT.json`` (step, file names and sizes) has been written, fsynced and renamed into place and the
-directory fsynced: a crash at any earlier point leaves a directory without a marker, which is never loaded.
+only once ``COMMIT.json`` (step, file names, sizes and CRC32s, and the identity of the run that wrote it) has been
+written, fsynced and renamed into place and the directory fsynced: a crash at any earlier point leaves a directory
+without a marker, which is never loaded.
+
+Before a load, ``check`` verifies a committed checkpoint: written by this run, every file present with its size
+and CRC32, the record itself readable. Anything missing, unreadable or malformed is a reason to skip it for the
+previous one, never an error: a restart must not fail on a checkpoint it can pass over.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from resilience.ckpt.checksum import collect_checksums, file_crc32
+from resilience.identity import RunIdentity
 from resilience.record.fsio import atomic_write_json, fsync_dir
-from resilience.ckpt.checksum import collect_checksums
 
 COMMIT_MARKER = "COMMIT.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -29,10 +35,11 @@ class CheckpointEntry:
 
 
 class CheckpointDir:
-    """Lists, commits and prunes the checkpoints under one directory."""
+    """Lists, commits, checks and prunes the checkpoints under one directory, on behalf of ``owner``."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, owner: RunIdentity | None = None) -> None:
         self.root = Path(root)
+        self.owner = owner
 
     def path_for(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
@@ -64,6 +71,32 @@ class CheckpointDir:
         """Bytes of a committed checkpoint's files, as its manifest lists them."""
         return sum(self.manifest(entry)["files"].values())
 
+    def check(self, entry: CheckpointEntry, checksums: bool = True) -> str | None:
+        """Why ``entry`` must not be loaded (None: it may): another run's, a file missing, cut short or changed
+        (CRC32, one read of each file), or an unreadable or malformed commit record."""
+        try:
+            record = self.manifest(entry)
+            files, crcs = record["files"], record["crc32"]
+            if not isinstance(files, dict) or not files or set(crcs) != set(files):
+                return "the commit record lists no files or not a checksum for each"
+            if record.get("step") != entry.step:
+                return f"the commit record is for step {record.get('step')}"
+            if self.owner is not None and record.get("run") != self.owner.as_dict():
+                return f"written by another run ({record.get('run')})"
+            for name, size in files.items():
+                actual = (entry.path / name).stat().st_size
+                if actual != size:
+                    return f"{name} has {actual} bytes, the commit record says {size}"
+            if checksums:
+                bad = sorted(name for name, crc in crcs.items() if file_crc32(entry.path / name) != crc)
+                if bad:
+                    return f"checksum mismatch in {', '.join(bad)}"
+        except FileNotFoundError as exc:
+            return f"missing file {Path(exc.filename or '?').name}"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+            return f"unreadable commit record or file: {type(exc).__name__}: {exc}"[:300]
+        return None
+
     def prepare(self, step: int) -> Path:
         """An empty directory for ``step``; leftovers of an interrupted save of the same step are removed."""
         path = self.path_for(step)
@@ -86,8 +119,10 @@ class CheckpointDir:
             finally:
                 os.close(fd)
         fsync_dir(path)
-        atomic_write_json(path / COMMIT_MARKER, {"step": step, "files": files,
-                                                 "crc32": {k: v for k, v in crc32.items() if k in files}})
+        record = {"step": step, "files": files, "crc32": {k: v for k, v in crc32.items() if k in files}}
+        if self.owner is not None:
+            record["run"] = self.owner.as_dict()
+        atomic_write_json(path / COMMIT_MARKER, record)
         return sum(files.values())
 
     def prune(self, keep: int) -> list[int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resilience.named import Named
-from resilience.runtime import CheckpointVerifier
+from resilience.runtime import RejectionReport
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class Detector(Named, ABC):
         return []
 
     # ---- rank side ----
-    def checkpoint_verifier(self) -> CheckpointVerifier | None:
-        """The service this detector provides to the rank's runtime: a check a checkpoint must pass to be loaded."""
+    def rejection_report(self) -> RejectionReport | None:
+        """The service this detector provides to the rank's runtime: told of every checkpoint a load passed over."""
         return None
 
     def attach(self, rt: Any, state: Any) -> None:

@@ -1,34 +1,27 @@
-"""Checkpoint integrity: the per-file CRC32s in the commit manifest, recomputed when a checkpoint is loaded.
+"""Checkpoint integrity, reported: every committed checkpoint a load passed over becomes a ``fault_detected``.
 
-A checkpoint whose bytes changed on disk (a flipped bit, a bad sector) is skipped with an event and the previous
-good one is used, instead of silently restoring corrupt state.
+The strategies always check a checkpoint before loading it (``CheckpointDir.check``: this run's, every file with its
+size and CRC32) and skip a bad one for the previous good one, whatever the detector list; this detector only turns
+what they found into a detection, so the coverage table and the report count it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from resilience.detectors.base import Detector
-from resilience.runtime import CheckpointVerifier
-from resilience.ckpt.checksum import file_crc32
-from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
+from resilience.runtime import RejectionReport
 
 
 class CkptIntegrity(Detector):
 
-    def checkpoint_verifier(self) -> CheckpointVerifier:
-        return self.verify
+    def rejection_report(self) -> RejectionReport:
+        return self.report
 
     def attach(self, rt, state) -> None:
         self.rt = rt
 
-    def verify(self, dirs: CheckpointDir, entry: CheckpointEntry) -> bool:
-        """True if every file of ``entry`` matches its checksum (a manifest without checksums cannot be checked)."""
-        expected = dirs.manifest(entry).get("crc32", {})
-        bad = {name: crc for name, crc in expected.items() if file_crc32(entry.path / name) != crc}
-        if not expected:
-            self.rt.events.emit("ckpt_unverified", step=entry.step, path=str(entry.path))
-        if not bad:
-            return True
-        self.rt.events.emit("fault_detected", step=entry.step, detector=self.name, blamed_rank=None,
-                            verdict=f"checkpoint step {entry.step} is corrupt ({', '.join(sorted(bad))}); skipped",
-                            value={"files": sorted(bad)}, fsync=True)
-        return False
+    def report(self, step: int, path: Path, reason: str) -> None:
+        self.rt.events.emit("fault_detected", step=step, detector=self.name, blamed_rank=None,
+                            verdict=f"checkpoint step {step} is corrupt ({reason}); skipped",
+                            value={"path": str(path), "reason": reason}, fsync=True)

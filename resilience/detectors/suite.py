@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import CheckpointVerifier
+from resilience.runtime import RejectionReport
 
 
 class RecoveryRequested(Exception):
@@ -32,9 +32,9 @@ class RankDetectors:
         self.detectors, self.policy = detectors, policy
         self.needs_grad_norm = any(d.needs_grad_norm for d in detectors)
 
-    def checkpoint_verifier(self) -> CheckpointVerifier | None:
-        """The check a checkpoint must pass to be loaded, if a detector provides one."""
-        return next((v for v in (d.checkpoint_verifier() for d in self.detectors) if v is not None), None)
+    def rejection_report(self) -> RejectionReport | None:
+        """Where a load reports the checkpoints it passed over, if a detector wants to know."""
+        return next((v for v in (d.rejection_report() for d in self.detectors) if v is not None), None)
 
     def attach(self, rt: Any, state: Any) -> None:
         self.rt, self.state = rt, state

@@ -24,6 +24,7 @@ from resilience.record.events import EventLog, read_events
 from resilience.rank.group import RankGroup
 from resilience.record.board import Beater
 from resilience.reduce import install as install_reduce
+from resilience.identity import RunIdentity
 from resilience.roles import build_roles
 from resilience.runtime import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
@@ -88,10 +89,11 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         detectors = RankDetectors(roles.detectors, roles.policy)
         # Each service comes from the role that provides it; the runtime is frozen from here on.
         rt = RankRuntime(rank=rank, world_size=world, device=device, run_dir=run_dir,
-                         ckpt_dir=Path(cfg.checkpoint.dir), events=events, fault_hook=injector,
+                         ckpt_dir=Path(cfg.checkpoint.dir), events=events, identity=RunIdentity.of(cfg),
+                         fault_hook=injector,
                          load_max_step=rollback_bound(run_dir, events.attempt),
                          ckpt_fs=injector.checkpoint_fs(rank), node_memory=strategy.node_memory(run_dir),
-                         ckpt_verifier=detectors.checkpoint_verifier(), group=group,
+                         ckpt_rejected=detectors.rejection_report(), group=group,
                          wrap_model=ModelWrapper(device, world, injector, in_place=group.in_place))
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank

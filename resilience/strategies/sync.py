@@ -43,7 +43,7 @@ class SyncCheckpoint(CheckpointStrategy):
 
     def attach(self, rt) -> None:
         super().attach(rt)
-        self.dirs = CheckpointDir(rt.ckpt_dir)
+        self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
 
     def _save(self, step: int, state: TrainState) -> None:
         rt = self.rt
@@ -86,7 +86,8 @@ class SyncCheckpoint(CheckpointStrategy):
         return entry.step, "disk", self.dirs.size(entry)
 
     def choose(self) -> CheckpointEntry | None:
-        """The newest committed checkpoint within the rollback bound that passes the integrity check."""
+        """The newest committed checkpoint within the rollback bound that passes ``CheckpointDir.check`` (this
+        run's, complete, intact); every one passed over is recorded with the reason."""
         rt = self.rt
         newest = self.dirs.newest_committed()
         for bad in self.dirs.incomplete_after(newest.step if newest else -1):
@@ -94,6 +95,10 @@ class SyncCheckpoint(CheckpointStrategy):
         candidates = [e for e in self.dirs.entries()
                       if e.committed and (rt.load_max_step is None or e.step <= rt.load_max_step)]
         for entry in reversed(candidates):
-            if rt.ckpt_verifier is None or rt.ckpt_verifier(self.dirs, entry):
+            reason = self.dirs.check(entry)
+            if reason is None:
                 return entry
+            rt.events.emit("ckpt_rejected", step=entry.step, path=str(entry.path), reason=reason, fsync=True)
+            if rt.ckpt_rejected is not None:
+                rt.ckpt_rejected(entry.step, entry.path, reason)
         return None

@@ -1,0 +1,45 @@
+"""The identity of one run, recorded in every checkpoint it commits: a load accepts only its own run's."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+# Where a run lives, not what it computes: two runs that differ only here train the same thing.
+_NOT_CONFIG = ("run_dir", "run_id", "checkpoint.dir", "choices")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """SHA-256 (first 16 hex digits) of the resolved configuration, without where the run lives."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in _NOT_CONFIG:
+        *parents, last = key.split(".")
+        node = data
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(last, None)
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(data)).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    run_id: str
+    config_hash: str
+    world_size: int
+    seed: int
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunIdentity:
+        """The identity of the run whose resolved configuration (with its ``run_id``) is ``cfg``."""
+        return cls(str(cfg.run_id), config_hash(cfg), int(cfg.world_size), int(cfg.seed))
+
+    def as_dict(self) -> dict:
+        return {"run_id": self.run_id, "config_hash": self.config_hash, "world_size": self.world_size,
+                "seed": self.seed}
