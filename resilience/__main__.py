@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -56,9 +57,14 @@ def main(cfg: DictConfig) -> None:
         return
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
-    supervisor_for(cfg, config_path, roles).run()
+    supervisor = supervisor_for(cfg, config_path, roles)
+    outcome = supervisor.run()
     result = write_result(run_dir)
     lock.release()  # held until here: the directory was this run's while anything could write to it
+    if outcome == "interrupted":  # Ctrl-C or SIGTERM: one line, the exit status of a process the signal ended
+        print(f"interrupted by {supervisor.interrupted_by}: ranks stopped; what was measured so far is in "
+              f"{run_dir / 'result.json'}", file=sys.stderr, flush=True)
+        sys.exit(128 + signal.Signals[supervisor.interrupted_by].value)
     print(summarize(result), flush=True)
     if result["status"] == "error":
         say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")

@@ -22,6 +22,7 @@ from resilience.detectors.process_exit import RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
 from resilience.rank.group import RankGroup
+from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
 from resilience.reduce import install as install_reduce
 from resilience.identity import RunIdentity
@@ -86,6 +87,8 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
         roles = build_roles(cfg) if prepared is None else prepared.roles
         strategy, injector = roles.strategy, roles.injector
+        if prepared is None:  # a spare watches from the start
+            die_with_parent(lambda: strategy.clean_up_run(run_dir))
         detectors = RankDetectors(roles.detectors, roles.policy)
         # Each service comes from the role that provides it; the runtime is frozen from here on.
         rt = RankRuntime(rank=rank, world_size=world, device=device, run_dir=run_dir,

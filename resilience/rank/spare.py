@@ -22,6 +22,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from resilience.rank.group import STORE_ENV
+from resilience.rank.orphan import die_with_parent
 from resilience.roles import Roles, build_roles
 
 SPARE_ENV = "RB_SPARE"  # the spare's number; absent in a rank process started for a rank
@@ -50,6 +51,7 @@ def wait_as_spare(cfg: DictConfig, configure, redirect) -> Prepared:
     importlib.import_module("torch._dynamo")  # DDP's constructor imports it: pay for it now, not in the recovery
 
     roles = build_roles(cfg)
+    die_with_parent(lambda: roles.strategy.clean_up_run(Path(cfg.run_dir)))
     model = optimizer = None
     if cfg.device == "cpu":
         model = roles.workload.build_model()

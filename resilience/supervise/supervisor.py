@@ -13,8 +13,11 @@ detection and recovery times come from the same event log whichever way the run 
 
 from __future__ import annotations
 
+import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import SignalException
 
 from omegaconf import DictConfig
 
@@ -25,7 +28,21 @@ from resilience.supervise.observer import Observer, say
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
 
-__all__ = ["Supervisor", "say"]
+__all__ = ["Interrupted", "Supervisor", "say"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """SIGINT (Ctrl-C) or SIGTERM reached the supervisor: stop the ranks, record what was measured, leave."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
 
 
 class Supervisor(ABC):
@@ -41,7 +58,8 @@ class Supervisor(ABC):
         self.world_size = int(cfg.world_size)
 
     def run(self) -> str:
-        """Return the outcome: "succeeded" or "failed" (restart budget exhausted)."""
+        """Return the outcome: "succeeded", "failed" (restart budget exhausted) or "interrupted" (SIGINT/SIGTERM;
+        the ranks are stopped then, and ``interrupted_by`` names the signal)."""
         events = EventLog(self.run_dir, rank=None, attempt=0)
         create_board(self.run_dir, self.world_size)
         for det in self.detectors:  # detectors that need a device report once if there is none
@@ -52,13 +70,23 @@ class Supervisor(ABC):
         say(f"launching {self.world_size} ranks ({self.cfg.device}, {self.cfg.backend}); "
             f"logs in {self.run_dir / 'logs'}")
         observer = Observer(events, self.detectors, self.run_dir, self.world_size)
+        # torch's elastic agent installs its own handlers while its workers run (raising SignalException, after
+        # it stopped them); these cover the rest of the supervisor's life.
+        previous = {s: signal.signal(s, _interrupt) for s in STOP_SIGNALS}
+        self.interrupted_by: str | None = None
         try:
             outcome = self._run(events, observer)
+        except (Interrupted, SignalException, KeyboardInterrupt) as exc:
+            signum = getattr(exc, "signum", None) or getattr(exc, "sigval", None) or signal.SIGINT
+            self.interrupted_by = signal.Signals(signum).name
+            outcome = "interrupted"
         finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             # What the ranks leave on the host for recovery (e.g. in-memory snapshots) is the supervisor's to
             # remove: the ranks cannot, since they may die; it goes whatever the outcome.
             self.strategy.clean_up_run(self.run_dir)
-        events.emit("supervisor_end", outcome=outcome, fsync=True)
+        events.emit("supervisor_end", outcome=outcome, signal=self.interrupted_by, fsync=True)
         events.close()
         return outcome
 
