@@ -13,6 +13,7 @@ At scale these cost more than crashes: NCCL's watchdog waits 10 minutes by defau
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -36,6 +37,7 @@ class Hang(Injector):
         if duration_s is not None and not (isinstance(duration_s, (int, float)) and duration_s > 0):
             raise ValueError(f"fault.duration_s={duration_s}: must be a number > 0, or null (until detected)")
         self.mode, self.duration_s = mode, duration_s
+        self._waker: int | None = None  # the pid of the helper that resumes a SIGSTOPped rank
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         super().validate(world_size, steps, ckpt_every)
@@ -51,7 +53,7 @@ class Hang(Injector):
             time.sleep(seconds)
         elif self.mode == "sigstop":
             if self.duration_s:
-                _resume_later(seconds)
+                self._waker = _resume_later(seconds)
             os.kill(os.getpid(), signal.SIGSTOP)
         elif self.mode == "gil":
             # ctypes.PyDLL keeps the GIL across the foreign call (CDLL would release it): no Python thread runs.
@@ -59,16 +61,35 @@ class Hang(Injector):
         else:
             _gpu_spin(self.rt.device, seconds)
 
+    def cleanup(self) -> None:
+        """Reap the waker: it never outlives its rank (and so never signals a reused pid)."""
+        if self._waker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._waker, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self._waker, 0)
+            self._waker = None
 
-def _resume_later(seconds: float) -> None:
-    """A child process that sends SIGCONT to this one after ``seconds`` (a stopped process cannot wake itself)."""
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _resume_later(seconds: float) -> int:
+    """Fork a child that sends SIGCONT to this process after ``seconds`` (a stopped process cannot wake itself);
+    return its pid. The child dies with this process, and only ever signals its own parent."""
     parent = os.getpid()
-    if os.fork() == 0:
+    pid = os.fork()
+    if pid == 0:
         try:
-            time.sleep(seconds)
-            os.kill(parent, signal.SIGCONT)
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            deadline = time.monotonic() + seconds
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(min(0.1, seconds))
+            if os.getppid() == parent:  # still ours: the pid cannot have been reused while we are its child
+                os.kill(parent, signal.SIGCONT)
         finally:
             os._exit(0)
+    return pid
 
 
 def _gpu_spin(device: torch.device, seconds: float) -> None:

@@ -4,6 +4,9 @@ randomness, the record written before the action, and a disk that really is slow
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -187,3 +190,21 @@ def test_torn_last_line_is_skipped(tmp_path):
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write('{"kind": "step_e')  # a process killed in the middle of a write
     assert [e["kind"] for e in read_events(tmp_path)] == ["step_end"]
+
+
+def test_a_timed_sigstop_is_resumed_by_a_tracked_helper_that_is_reaped(tmp_path):
+    """The waker of a timed SIGSTOP hang wakes its rank, is reaped by cleanup, and never outlives the rank."""
+    code = textwrap.dedent(f"""
+        import os, time
+        from injectors.hang import Hang
+        inj = Hang(mode="sigstop", duration_s=0.5, rank=0, at_step=0)
+        t0 = time.monotonic()
+        inj._act(0)
+        waited = time.monotonic() - t0
+        waker = inj._waker
+        inj.cleanup()
+        gone = not os.path.exists(f"/proc/{{waker}}")
+        print(round(waited, 1) >= 0.4, gone, inj._waker is None)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr
