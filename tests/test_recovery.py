@@ -25,6 +25,9 @@ SCENARIOS = [
         "fault.signal=SIGTERM"), 2),
     ("sync: rank 1 killed in the middle of the step-15 save -> previous checkpoint", (
         "strategy=sync", "fault=kill", "fault.rank=1", "fault.at_step=15", "fault.phase=during_checkpoint"), 5),
+    ("async: newest checkpoint's data flipped, then rank 1 killed; no integrity detector -> the one before", (
+        "strategy=async", "fault=ckpt_damage", "fault.how=flip", "fault.rank=1", "fault.at_step=13",
+        "detector=[process_exit]"), 8),
 ]
 
 
