@@ -25,17 +25,28 @@ class ConfigError(ValueError):
     """A setting has a value that is not allowed; the message names both."""
 
 
+def search_path(overrides: list) -> list[Path]:
+    """The extra config folders of ``hydra.searchpath=[file:///...]``: where a plug-in's options live."""
+    for ov in overrides:
+        if ov.key_or_group == "hydra.searchpath":
+            value = ov.value()
+            entries = value if isinstance(value, list) else [value]
+            return [Path(str(e).removeprefix("file://")) for e in entries if str(e).startswith("file://")]
+    return []
+
+
 def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Reject ``strategy=nope`` with the list of options, before Hydra prints a multi-line error."""
     try:
         overrides = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
     except Exception:
         return  # a malformed override: Hydra reports it in its own words
+    conf_dirs = [conf_dir, *search_path(overrides)]
     for ov in overrides:
         group = ov.key_or_group
         if group not in GROUPS or ov.is_delete() or ov.package:
             continue
-        allowed = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        allowed = sorted({p.stem for d in conf_dirs for p in (d / group).glob("*.yaml")})
         value = ov.value()
         chosen = value if isinstance(value, list) else [value]
         for name in chosen:
