@@ -8,10 +8,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, processes_mentioning, run_cli, run_experiment
+from resilience import child
+from resilience.ckpt.shm_store import SHM_DIR, run_id
+from resilience.record.events import read_events
 
 COMMON = ("steps=30", "checkpoint.every=5", "world_size=2", "seed=0")
 
@@ -86,9 +91,59 @@ def test_torchrun_two_nodes_recover_bit_exact(tmp_path, reference):
             if a.poll() is None:
                 os.killpg(a.pid, signal.SIGKILL)
     assert processes_mentioning(str(run_dir)) == []
-    result = subprocess.run([sys.executable, "-m", "resilience.record.result", str(run_dir)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "resilience.result", str(run_dir)], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     r = json.loads((run_dir / "result.json").read_text())
     assert r["status"] == "ok" and r["recovered"] and r["lost_steps"] == 2
     assert r["final_state_sha256"] == reference["final_state_sha256"]
+
+
+def started(tmp_path, *overrides: str) -> tuple[child.Child, Path]:
+    """A long in-memory run (shared memory in use) in its own session, once its ranks are training."""
+    run_dir = tmp_path / "run"
+    proc = child.Child(child.experiment_command(["strategy=inmemory", "steps=400", "checkpoint.every=2",
+                                                 "world_size=2", "detector=[process_exit]", *overrides], run_dir),
+                       cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not any(e["kind"] == "ckpt_memory_saved" for e in read_events(run_dir)):
+        assert proc.proc.poll() is None and time.monotonic() < deadline, "the run did not start training"
+        time.sleep(0.2)
+    return proc, run_dir
+
+
+def nothing_left_within(run_dir: Path, seconds: float) -> bool:
+    rid = run_id(run_dir)
+    deadline = time.monotonic() + seconds
+    while processes_mentioning(str(run_dir)) or list(SHM_DIR.glob(f"*{rid}*")):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_the_ranks_frees_memory_and_records_an_interrupted_run(tmp_path):
+    proc, run_dir = started(tmp_path)
+    with proc:
+        proc.proc.send_signal(signal.SIGINT)  # the supervisor alone, as `kill -INT` would
+        out, err = proc.proc.communicate(timeout=60)
+    assert proc.proc.returncode == 130
+    assert err.strip().count("\n") == 0 and err.startswith("interrupted by SIGINT"), err
+    assert nothing_left_within(run_dir, 5)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted" and result["steps_completed"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_supervisor_takes_its_ranks_and_their_memory_along(tmp_path):
+    proc, run_dir = started(tmp_path)
+    with proc:
+        os.kill(proc.proc.pid, signal.SIGKILL)
+        proc.proc.wait(timeout=10)
+        assert nothing_left_within(run_dir, 5)  # nobody cleaned up for them: the ranks did it themselves
+    assert not (run_dir / "result.json").exists()
+    done = subprocess.run([sys.executable, "-m", "resilience.result", str(run_dir)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("result: interrupted"), done.stdout + done.stderr
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "interrupted"

@@ -39,13 +39,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     if launch is None and events:  # launched by torchrun: no supervisor events, the ranks' own span
         launch, end = events[0], {**events[-1], "outcome": "succeeded" if run_ends else "failed"}
 
-    complete = len(run_ends) == run["world_size"]
-    if end and end["outcome"] == "succeeded" and complete:
-        status = "ok"
-    elif end and end["outcome"] == "failed" and fault:
-        status = "unrecovered"
-    else:
-        status = "error"
+    status = _status(end, len(run_ends) == run["world_size"], fault is not None, launch is not None)
 
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -65,6 +59,19 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
     result["replicas_agree"] = len(hashes) == 1 if hashes else None
     return result
+
+
+def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> str:
+    """ok: the supervisor succeeded and every rank ended; unrecovered: a fault spent the restart budget;
+    interrupted: SIGINT/SIGTERM stopped the run, or its supervisor died (a launch with no end); else error."""
+    outcome = end["outcome"] if end else None
+    if outcome == "succeeded" and complete:
+        return "ok"
+    if outcome == "failed" and faulted:
+        return "unrecovered"
+    if outcome == "interrupted" or (launched and end is None):
+        return "interrupted"
+    return "error"
 
 
 def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, status: str) -> dict[str, Any]:
