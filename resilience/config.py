@@ -106,5 +106,6 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
         cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir or run_dir / "ckpt").resolve())
         cfg.choices = choices
     _integer(cfg, "threads_per_rank", 1)
-    build_roles(cfg)  # every role validates its own settings where it is built
+    roles = build_roles(cfg)  # every role validates its own settings where it is built
+    roles.strategy.check_host(roles.workload, int(cfg.world_size))
     return cfg

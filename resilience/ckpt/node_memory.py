@@ -2,8 +2,9 @@
 
 ``NodeMemory.destroy(node)`` is the ``RankRuntime.node_memory`` service the in-memory strategy provides to the
 ``node_loss`` injector: the node's RAM is gone with it. ``cleanup(run_dir)`` is the supervisor's (through the
-strategy's ``clean_up_run``), when a run ends: rank processes cannot remove their
-areas (they die). ``claim`` and ``sweep_stale`` cover a supervisor that died before its cleanup.
+strategy's ``clean_up_run``) when a run ends: rank processes cannot remove their areas (they die). A supervisor
+killed before its cleanup is covered by its ranks (``resilience.rank.orphan``): they remove the run's areas when
+their parent dies. Nothing here touches another run's areas.
 """
 
 from __future__ import annotations
@@ -63,27 +64,6 @@ class NodeMemory:
         self._tombstone(node).unlink(missing_ok=True)
 
 
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return "?"
-
-
-def claim(rid: str) -> None:
-    """Record the process that owns the run's areas (a rank's parent: the supervisor or torchrun agent), so
-    that ``sweep_stale`` can remove them if that process dies without cleaning up."""
-    path = shm_store.SHM_DIR / f"{PREFIX}{rid}.owner"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    try:
-        os.write(fd, f"{os.getppid()} {_pid_namespace()}\n".encode())
-    finally:
-        os.close(fd)
-
-
 def cleanup(run_dir: str | Path) -> list[str]:
     """Remove every shared-memory file of the run in ``run_dir``; return their names. Safe to call twice."""
     return _remove(run_id(run_dir))
@@ -98,23 +78,3 @@ def _remove(rid: str) -> list[str]:
         except FileNotFoundError:
             pass
     return removed
-
-
-def sweep_stale() -> list[str]:
-    """Remove the areas of runs whose owner (see ``claim``) is dead: a supervisor killed before its cleanup.
-    Only owners in this process's PID namespace are judged; return the run ids swept."""
-    swept = []
-    for owner in shm_store.SHM_DIR.glob(f"{PREFIX}*.owner"):
-        try:
-            pid, ns = owner.read_text().split()
-            os.kill(int(pid), 0)
-            continue  # alive (or alive but not ours: PermissionError below): not stale
-        except ProcessLookupError:
-            if ns != _pid_namespace():
-                continue
-        except (OSError, ValueError):
-            continue
-        rid = owner.name[len(PREFIX):-len(".owner")]
-        _remove(rid)
-        swept.append(rid)
-    return swept

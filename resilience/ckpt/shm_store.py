@@ -51,6 +51,12 @@ def _round(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def free_bytes() -> int:
+    """Bytes free in the shared-memory file system, for an unprivileged writer."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
 def run_id(run_dir: str | Path) -> str:
     """The run's unique id in area names: a hash of its (resolved) run directory, the same on every node."""
     return sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]

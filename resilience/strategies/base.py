@@ -15,6 +15,7 @@ from resilience.checks import require_int
 from resilience.named import Named
 from resilience.runtime import NodeMemory, RankRuntime
 from resilience.state import TrainState
+from resilience.workloads.base import Workload
 
 
 class CheckpointStrategy(Named, ABC):
@@ -38,6 +39,10 @@ class CheckpointStrategy(Named, ABC):
     def clean_up_run(cls, run_dir: Path) -> None:
         """Called by the supervisor when the run ends, whatever the outcome: remove what the ranks left on the host
         for recovery (they cannot, since they may die)."""
+
+    def check_host(self, workload: Workload, world_size: int) -> None:
+        """Before launch, on the host that starts the ranks: raise ``ValueError`` naming the shortfall if this
+        strategy cannot run here (e.g. not enough shared memory)."""
 
     def attach(self, rt: RankRuntime) -> None:
         """Bind to the rank that hosts this strategy (called once per attempt, before ``load``)."""

@@ -11,7 +11,7 @@ the failures that take every copy with them.
 Recovery (every rank restarts): each rank lists the snapshots it can reach -- its own area, else its peer copy --
 and the ranks all-gather those steps. If every rank holds the newest common step, and no committed disk
 checkpoint is newer, every rank reads it from memory straight into its tensors (``ckpt_loaded`` source ``memory``
-or ``peer_memory``; with ``strategy.verify`` the data's CRC32 is checked too); otherwise all fall back to
+or ``peer_memory``; the data's CRC32 is checked too, unless ``strategy.verify=false``); otherwise all fall back to
 ``sync``'s disk load and record why (``ckpt_memory_fallback``). Snapshots newer than the step loaded belong to
 an abandoned timeline and are dropped.
 """
@@ -28,9 +28,10 @@ import torch.distributed as dist
 from resilience.checks import require_bool, require_int
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
+from resilience.workloads.base import Workload
 from resilience.ckpt import node_memory, shm_store
 from resilience.ckpt.codec import StateCodec, TensorRef, native_state, restore, tensor_leaves
-from resilience.ckpt.node_memory import NodeMemory, claim, sweep_stale
+from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import ALIGN, Area, SlotInfo
 from resilience.strategies.sync import SyncCheckpoint
 
@@ -38,9 +39,8 @@ from resilience.strategies.sync import SyncCheckpoint
 class InMemoryCheckpoint(SyncCheckpoint):
     """Snapshots to shared memory (own area + one peer copy), persisting every ``persist_every``-th to disk."""
 
-
     def __init__(self, every: int, keep: int, persist_every: int = 4, ranks_per_node: int = 1,
-                 verify: bool = False, world_size: int | None = None) -> None:
+                 verify: bool = True, world_size: int | None = None) -> None:
         super().__init__(every, keep)
         self.persist_every = require_int("strategy.persist_every", persist_every, 1)
         self.ranks_per_node = require_int("strategy.ranks_per_node", ranks_per_node, 1)
@@ -64,13 +64,25 @@ class InMemoryCheckpoint(SyncCheckpoint):
     def clean_up_run(cls, run_dir: Path) -> None:
         node_memory.cleanup(run_dir)
 
+    def check_host(self, workload: Workload, world_size: int) -> None:
+        """Refuse a run whose snapshots cannot fit in this host's free ``/dev/shm``: every rank here holds two slots
+        of its own area and, with more than one node, two of a peer's copy (model plus two optimizer tensors per
+        parameter, as ``_capacity`` assumes). Built on the meta device: nothing is allocated."""
+        with torch.device("meta"):
+            params = sum(p.numel() * p.element_size() for p in workload.build_model().parameters())
+        copies = 2 if world_size // self.ranks_per_node > 1 else 1
+        need = world_size * copies * 2 * 3 * params
+        free = shm_store.free_bytes()
+        if need > free:
+            raise ValueError(f"strategy=inmemory: its snapshots need about {need / 1e6:,.0f} MB of "
+                             f"{shm_store.SHM_DIR} for {world_size} ranks, {free / 1e6:,.0f} MB is free (short by "
+                             f"{(need - free) / 1e6:,.0f} MB); free some, or use fewer ranks or strategy=sync")
+
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self._check_world(rt.world_size)
         self.rid = shm_store.run_id(rt.run_dir)
         self.memory = NodeMemory(self.rid)  # the same areas as the runtime's service: a NodeMemory is its run id
-        sweep_stale()  # areas of runs whose supervisor died before cleaning up
-        claim(self.rid)
         r, rpn = rt.rank, self.ranks_per_node
         self.node = r // rpn
         holder = (r + rpn) % rt.world_size
