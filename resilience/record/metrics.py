@@ -8,6 +8,7 @@ monotonic clock, comparable across its processes).
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -50,7 +51,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "steps_completed": max((e["step"] for e in rank0 if e["kind"] == "step_end" and e["attempt"] == final_attempt),
                                default=0),
         "wall_time_s": end["t_mono"] - launch["t_mono"] if launch and end else None,
-        **_fault_metrics(events, rank0, fault, status),
+        **_fault_metrics(events, fault, status),
         **_checkpoint_metrics(rank0),
         "step_time_s": _median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
     }
@@ -74,64 +75,116 @@ def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> 
     return "error"
 
 
-def _fault_metrics(events: list[dict], rank0: list[dict], fault: dict | None, status: str) -> dict[str, Any]:
+def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[str, Any]:
+    """Detection and recovery of the run's first injected fault (the defaults when there is none)."""
     out: dict[str, Any] = {
         "fault_injected": fault is not None,
         "fault_step": fault["step"] if fault else None,
         "fault_rank": fault["rank"] if fault else None,
-        "detected": False, "detector": None, "detected_rank": None, "detected_rank_correct": None,
-        "detection_latency_s": None, "detections": {},
+        **_detection(events, fault),
         "recovered": False, "recovery_time_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},
         "lost_steps": None, "recovery_source": None, "recovery_bytes": None, "recovery_load_s": None,
         "survivors_restarted": None,
-        "false_alarms": sum(1 for e in events if e["kind"] == "fault_detected"
-                            and (fault is None or e["t_mono"] < fault["t_mono"])),
+        "false_alarms": _false_alarms(events, fault),
     }
+    trace = _recovery_trace(events, fault) if fault else None
+    if trace is None:
+        return out
+    out.update(_what_was_loaded(events, fault, trace))
+    if status == "ok" and trace.resumed is not None:
+        out.update(_recovery_time(events, fault, trace))
+    return out
+
+
+def _false_alarms(events: list[dict], fault: dict | None) -> int:
+    """Detections before the fault (all of them in a fault-free run)."""
+    return sum(1 for e in events if e["kind"] == "fault_detected" and (fault is None or e["t_mono"] < fault["t_mono"]))
+
+
+def _first_detection(events: list[dict], fault: dict) -> dict | None:
+    return next((e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"]), None)
+
+
+def _detection(events: list[dict], fault: dict | None) -> dict[str, Any]:
+    """The first verdict after the fault: which detector, whom it blamed (and whether rightly: a node loss blames
+    any rank of the node), how long after the fault's record; and every detector's first verdict (coverage)."""
+    out: dict[str, Any] = {"detected": False, "detector": None, "detected_rank": None,
+                           "detected_rank_correct": None, "detection_latency_s": None, "detections": {}}
     if fault is None:
         return out
-    t0 = fault["t_mono"]
-    for e in events:  # the first verdict of every detector that fired after the fault (the coverage table)
-        if e["kind"] == "fault_detected" and e["t_mono"] >= t0 and e["detector"] not in out["detections"]:
-            out["detections"][e["detector"]] = {"latency_s": e["t_mono"] - t0, "blamed_rank": e.get("blamed_rank")}
-    detection = next((e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= t0), None)
+    for e in events:
+        if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"] and e["detector"] not in out["detections"]:
+            out["detections"][e["detector"]] = {"latency_s": e["t_mono"] - fault["t_mono"],
+                                                "blamed_rank": e.get("blamed_rank")}
+    detection = _first_detection(events, fault)
     if detection:
         targets = set(fault.get("node_ranks") or [fault.get("target_rank", fault["rank"])])
         out.update(detected=True, detector=detection["detector"], detected_rank=detection.get("blamed_rank"),
                    detected_rank_correct=detection.get("blamed_rank") in targets,
-                   detection_latency_s=detection["t_mono"] - t0)
-    # The recovery as one restarted rank lived it: rank 0 when every rank restarts, else a replaced rank.
+                   detection_latency_s=detection["t_mono"] - fault["t_mono"])
+    return out
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """The recovery as one restarted rank lived it: rank 0 when every rank restarts, else a replaced rank."""
+
+    restart: dict | None  # the supervisor's restart event
+    later: list[dict]  # that rank's events after the fault, in later attempts
+    start: dict  # its run_start
+    loaded: dict | None  # what it loaded, in that attempt
+    resumed: dict | None  # reaching the fault's step again
+
+
+def _recovery_trace(events: list[dict], fault: dict) -> _Trace | None:
+    t0 = fault["t_mono"]
     restart = next((e for e in events if e["kind"] == "restart" and e["rank"] is None and e["t_mono"] >= t0), None)
     who = min(restart["ranks"]) if restart and restart.get("ranks") else 0
     later = [e for e in events if e["rank"] == who and e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
     start = _first(later, "run_start")
     if start is None:
-        return out
-    loaded = _first(later, "ckpt_loaded", attempt=start["attempt"])
-    # In place, survivors may be one step past the fault when it hits: nothing was lost then, not -1 steps.
-    out["lost_steps"] = max(0, fault["step"] - (loaded["step"] if loaded else 0))
-    out["recovery_source"] = loaded.get("source") if loaded else "none"
-    out["recovery_bytes"] = loaded.get("bytes") if loaded else 0
-    # The load's critical path over the ranks that loaded: from the last one starting to the last one done (a rank
-    # that starts early only waits for its peers in the load's first collective: start-up skew, not load time).
-    loads = [e for e in events if e["kind"] == "ckpt_loaded" and e["attempt"] == start["attempt"]
-             and e["t_mono"] >= t0 and e.get("duration_s") is not None]
-    out["recovery_load_s"] = (max(e["t_mono"] for e in loads) - max(e["t_mono"] - e["duration_s"] for e in loads)
-                              if loads else None)
-    out["survivors_restarted"] = restart is not None and not restart.get("ranks")
-    resumed = _first(later, "resumed")
-    if resumed is None or status != "ok":
-        return out
-    # Without a detection event (torchrun supervised the run) the restart segment starts at the fault.
+        return None
+    return _Trace(restart, later, start, _first(later, "ckpt_loaded", attempt=start["attempt"]),
+                  _first(later, "resumed"))
+
+
+def _what_was_loaded(events: list[dict], fault: dict, trace: _Trace) -> dict[str, Any]:
+    """Lost steps (fault step minus the step loaded; never below 0: in place, survivors may be one step past the
+    fault), where the state came from, its bytes, the load's critical path, and whether survivors restarted."""
+    loaded = trace.loaded
+    return {
+        "lost_steps": max(0, fault["step"] - (loaded["step"] if loaded else 0)),
+        "recovery_source": loaded.get("source") if loaded else "none",
+        "recovery_bytes": loaded.get("bytes") if loaded else 0,
+        "recovery_load_s": _load_critical_path(events, fault, trace.start["attempt"]),
+        "survivors_restarted": trace.restart is not None and not trace.restart.get("ranks"),
+    }
+
+
+def _load_critical_path(events: list[dict], fault: dict, attempt: int) -> float | None:
+    """From the last loading rank starting to the last one done: a rank that starts early only waits for its
+    peers in the load's first collective (start-up skew, not load time)."""
+    loads = [e for e in events if e["kind"] == "ckpt_loaded" and e["attempt"] == attempt
+             and e["t_mono"] >= fault["t_mono"] and e.get("duration_s") is not None]
+    if not loads:
+        return None
+    return max(e["t_mono"] for e in loads) - max(e["t_mono"] - e["duration_s"] for e in loads)
+
+
+def _recovery_time(events: list[dict], fault: dict, trace: _Trace) -> dict[str, Any]:
+    """From the fault to the restarted rank reaching its step again = detect + restart + load + replay. Without a
+    detection event (torchrun supervised the run) the restart segment starts at the fault."""
+    t0 = fault["t_mono"]
+    detection = _first_detection(events, fault)
     t_detect = detection["t_mono"] if detection else t0
-    t_loaded = loaded["t_mono"] if loaded else start["t_mono"]
-    out.update(recovered=True, recovery_time_s=resumed["t_mono"] - t0, recovery_breakdown_s={
+    t_loaded = trace.loaded["t_mono"] if trace.loaded else trace.start["t_mono"]
+    return {"recovered": True, "recovery_time_s": trace.resumed["t_mono"] - t0, "recovery_breakdown_s": {
         "detect": t_detect - t0 if detection else None,
-        "restart": start["t_mono"] - t_detect,
-        "load": t_loaded - start["t_mono"],
-        "replay": resumed["t_mono"] - t_loaded,
-    })
-    return out
+        "restart": trace.start["t_mono"] - t_detect,
+        "load": t_loaded - trace.start["t_mono"],
+        "replay": trace.resumed["t_mono"] - t_loaded,
+    }}
 
 
 def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
