@@ -13,15 +13,14 @@ Lifecycle on a rank: ``attach(rt)`` (identity, event log) -> ``hook_reduction(dd
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
 from typing import Any
 
 from resilience.checks import require_int
 from resilience.named import Named
+from resilience.plan import fault_plan
 from resilience.record.events import read_events
 from resilience.runtime import CheckpointFileSystem, RankRuntime
-from resilience.workloads.base import stream_seed
 
 PHASES = ("before_forward", "before_optimizer_step", "during_checkpoint")
 
@@ -67,13 +66,8 @@ class Injector(Named, ABC):
 
     def _make_plan(self, steps: int, ckpt_every: int | None) -> list[int]:
         """The steps at which this fault fires; a pure function of the settings and the seed."""
-        if self.probability is None:
-            return [self.at_step]
-        rng = random.Random(stream_seed(self.seed, self.name, "plan"))  # private: the run's RNGs stay untouched
-        candidates = range(self.at_step, steps)
-        if self.phase == "during_checkpoint":
-            candidates = [s for s in candidates if ckpt_every and s % ckpt_every == 0]
-        return [s for s in candidates if rng.random() < self.probability][: self.count]
+        return fault_plan(self.name, self.seed, self.at_step, steps, self.probability, self.count,
+                          self.phase == "during_checkpoint", ckpt_every)
 
     def targets(self) -> set[int]:
         """The ranks this fault acts on."""

@@ -28,7 +28,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
+from resilience import child
 from resilience.record.fsio import atomic_write_json
 
 TAIL_LINES = 12
@@ -54,22 +54,21 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
     """Run the cell (``command`` replaces ``python -m resilience`` in tests); write and return its done record."""
     run_dir = done_path.parent.resolve()
     clear_run_dir(run_dir)
-    cmd = list(command or experiment_command(spec["overrides"], run_dir))
+    cmd = list(command or child.experiment_command(spec["overrides"], run_dir))
     print(f"[cell] {spec['cell']}\n[cell] $ {' '.join(cmd)}", flush=True)
     started = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    running = child.Child(cmd)
+    proc = running.proc
     tails = {"stdout": deque(maxlen=TAIL_LINES), "stderr": deque(maxlen=TAIL_LINES)}
     readers = [threading.Thread(target=_pump, args=(getattr(proc, name), tails[name]), daemon=True)
                for name in tails]
     for t in readers:
         t.start()
-    timed_out = False
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+        timed_out = not running.wait(timeout_s)
     finally:  # also on Interrupted: nothing of the run may outlive this command
-        stop(proc, run_dir)
+        running.stop()
+        child.kill_mentioning(str(run_dir / "config.yaml"))  # a rank process that escaped the group
         for t in readers:
             t.join(timeout=5)
     record = {
@@ -82,11 +81,6 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
     atomic_write_json(done_path, record)
     print(f"[cell] {record['state']}" + (f": {record['error']}" if record["error"] else ""), flush=True)
     return record
-
-
-def experiment_command(overrides: Sequence[str], run_dir: Path) -> list[str]:
-    # Quoted: a cell name may hold "=", which Hydra's override grammar reads as a second assignment.
-    return [sys.executable, "-m", "resilience", *overrides, f"hydra.run.dir='{run_dir}'"]
 
 
 def clear_run_dir(run_dir: Path) -> None:
@@ -137,50 +131,6 @@ def _pump(stream, tail: deque) -> None:
         sys.stdout.write(line)
         sys.stdout.flush()
         tail.append(line.rstrip("\n"))
-
-
-def stop(proc: subprocess.Popen, run_dir: Path) -> None:
-    """End the experiment's process group, then any rank process of this run that escaped it (own session)."""
-    if proc.poll() is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-    _signal_group(proc.pid, signal.SIGKILL)  # helpers the supervisor left in its group
-    marker = str(run_dir / "config.yaml")
-    deadline = time.monotonic() + GRACE_S
-    while (pids := processes_mentioning(marker)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs of live (non-zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:

@@ -1,8 +1,8 @@
 """``python -m reports.limits LIMITS_JSON ENVIRONMENT_JSON``: the machine's physical limits and its environment.
 
 Limits (disk write/read and memory copy bandwidth, the cost of starting a rank) come from
-``python -m resilience.bench.probe --dir <LIMITS_JSON's folder> --out LIMITS_JSON`` when that module exists; without
-it, or when it fails, LIMITS_JSON is ``{"probed": false, "reason": ...}`` and the report says "not probed".
+``python -m resilience.bench.probe --dir <LIMITS_JSON's folder> --out LIMITS_JSON``; when
+it fails, LIMITS_JSON is ``{"probed": false, "reason": ...}`` and the report says "not probed".
 The environment (CPU, GPU, memory, library versions) is read here, on the machine that runs the cells.
 """
 
@@ -14,11 +14,11 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from resilience import child
 from resilience.record.fsio import atomic_write_json
 
 PROBE_MODULE = "resilience.bench.probe"
@@ -27,22 +27,16 @@ PROBE_TIMEOUT_S = 600
 
 def probe_limits(out: Path) -> dict[str, Any]:
     """Run the core's probe into ``out``; on absence or failure write (and return) ``{"probed": false, ...}``."""
-    if importlib.util.find_spec(PROBE_MODULE) is None:
-        limits = {"probed": False, "reason": f"{PROBE_MODULE} is not available in this version"}
+    # --dir: the file system the runs' checkpoints go to (the results directory).
+    cmd = [sys.executable, "-m", PROBE_MODULE, "--dir", str(out.parent), "--out", str(out)]
+    print("$ " + " ".join(cmd), flush=True)
+    done = child.run(cmd, timeout_s=PROBE_TIMEOUT_S, echo=True)
+    code = "timeout" if done.timed_out else done.returncode
+    if code == 0 and out.exists():
+        limits = json.loads(out.read_text())
+        limits.setdefault("probed", True)
     else:
-        # --dir: the file system the runs' checkpoints go to (the results directory).
-        cmd = [sys.executable, "-m", PROBE_MODULE, "--dir", str(out.parent), "--out", str(out)]
-        print("$ " + " ".join(cmd), flush=True)
-        try:
-            done = subprocess.run(cmd, timeout=PROBE_TIMEOUT_S)
-            code = done.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-        if code == 0 and out.exists():
-            limits = json.loads(out.read_text())
-            limits.setdefault("probed", True)
-        else:
-            limits = {"probed": False, "reason": f"{PROBE_MODULE} failed (exit {code}); see the probe log"}
+        limits = {"probed": False, "reason": f"{PROBE_MODULE} failed (exit {code}); see the probe log"}
     atomic_write_json(out, limits)
     return limits
 

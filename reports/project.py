@@ -8,7 +8,6 @@ why and each expected figure is replaced by one that says so, so that the report
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from resilience import child  # noqa: E402
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json  # noqa: E402
 from resilience.projection.outputs import write_png  # noqa: E402
 
@@ -32,11 +32,9 @@ def project(summary_csv: Path, status_json: Path) -> dict:
     cmd = [sys.executable, "-m", "resilience.projection", f"measured_csv={summary_csv.resolve()}",
            f"output_dir={out_dir.resolve()}", f"hydra.run.dir={(out_dir / 'hydra').resolve()}"]
     print("$ " + " ".join(cmd), flush=True)
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-        code, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired:
-        code, out, err = None, "", f"timed out after {TIMEOUT_S} s"
+    done = child.run(cmd, timeout_s=TIMEOUT_S)
+    code, out, err = done.returncode, done.stdout, done.stderr + (f"timed out after {TIMEOUT_S} s" if done.timed_out
+                                                                  else "")
     print(out + err, flush=True)
     missing = [n for n in FIGURES if not (out_dir / f"projection_{n}.png").exists()]
     missing += [f"projection_{n}.csv" for n in TABLES if not (out_dir / f"projection_{n}.csv").exists()]

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
@@ -26,6 +27,33 @@ def experiment_command(overrides: Sequence[str], run_dir: Path | str | None = No
     # Quoted: a directory name may hold "=", which Hydra's override grammar reads as a second assignment.
     tail = [f"hydra.run.dir='{run_dir}'"] if run_dir is not None else []
     return [sys.executable, "-m", "resilience", *overrides, *tail]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live (non-zombie) processes whose command line contains ``text`` (e.g. a run directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def kill_mentioning(text: str, within_s: float = GRACE_S) -> None:
+    """SIGKILL every process naming ``text`` (a rank that left the group with its own session), until none is left
+    or ``within_s`` has passed."""
+    deadline = time.monotonic() + within_s
+    while (pids := processes_mentioning(text)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def signal_group(pid: int, sig: int) -> None:

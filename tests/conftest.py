@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,23 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from reports.cell import processes_mentioning
+from resilience import child
+from resilience.child import processes_mentioning
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_module(module: str, *args: str, timeout: float, merge_stderr: bool = False) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` from the repository root in its own process group; killed whole on timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"python -m {module} {' '.join(args)} ran over {timeout} s\n{out[-5000:]}\n{err or ''}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err or "")
+    cmd = [sys.executable, "-m", module, *args]
+    done = child.run(cmd, timeout_s=timeout, cwd=ROOT, merge_stderr=merge_stderr)
+    if done.timed_out:
+        pytest.fail(f"python -m {module} {' '.join(args)} ran over {timeout} s\n{done.stdout[-5000:]}\n{done.stderr}")
+    return subprocess.CompletedProcess(cmd, done.returncode, done.stdout, done.stderr)
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -37,7 +37,7 @@ CLASSES = {
 
         class ThrowawayDetector(Detector):
             def on_worker_failures(self, exit_codes):
-                return [Detection(self.name, rank, f"rank {rank} exited {code}", code) for rank, code in exit_codes.items()]
+                return [Detection(self.name, r, f"rank {r} exited {code}", code) for r, code in exit_codes.items()]
         ''',
     "throwaway_policy.py": '''
         from resilience.recovery.base import RecoveryPolicy

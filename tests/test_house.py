@@ -23,8 +23,8 @@ PACKAGES = ("resilience", "injectors", "reports")
 # The floors, from the ground up: a module may import from its own floor or below, never from above. Commands
 # (what a user runs) are the top floor; nothing beneath imports them.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("resilience.checks", "resilience.named", "resilience.child", "resilience.state",
-                "resilience.reduce", "resilience.record", "resilience.workloads")),
+    ("ground", ("resilience.checks", "resilience.named", "resilience.child", "resilience.state", "resilience.plan",
+                "resilience.reduce", "resilience.identity", "resilience.record", "resilience.workloads")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "injectors")),
     ("assembly", ("resilience.roles", "resilience.config")),

@@ -194,7 +194,7 @@ def test_torn_last_line_is_skipped(tmp_path):
 
 def test_a_timed_sigstop_is_resumed_by_a_tracked_helper_that_is_reaped(tmp_path):
     """The waker of a timed SIGSTOP hang wakes its rank, is reaped by cleanup, and never outlives the rank."""
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import os, time
         from injectors.hang import Hang
         inj = Hang(mode="sigstop", duration_s=0.5, rank=0, at_step=0)
@@ -203,7 +203,7 @@ def test_a_timed_sigstop_is_resumed_by_a_tracked_helper_that_is_reaped(tmp_path)
         waited = time.monotonic() - t0
         waker = inj._waker
         inj.cleanup()
-        gone = not os.path.exists(f"/proc/{{waker}}")
+        gone = not os.path.exists(f"/proc/{waker}")
         print(round(waited, 1) >= 0.4, gone, inj._waker is None)
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -4,8 +4,6 @@ no /dev/shm file left behind."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import zlib
 from datetime import timedelta
 from pathlib import Path

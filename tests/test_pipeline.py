@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -95,7 +93,7 @@ def test_run_rule_records_every_outcome_and_leaves_no_process(tmp_path, mode, st
 @pytest.mark.timeout(60)
 def test_interrupted_cell_writes_no_done_file_and_stops_its_processes(tmp_path):
     run_dir = tmp_path / "runs" / "cell-b"
-    code = (f"import sys, reports.cell as c; c.experiment_command = lambda o, d: [sys.executable, '-c', {FAKE!r}, "
+    code = (f"import sys, reports.cell as c; c.child.experiment_command = lambda o, d: [sys.executable, '-c', {FAKE!r}, "
             f"str(d), 'hang']; sys.exit(c.main([{str(run_dir / 'done.json')!r}, "
             f"'{{\"cell\": \"cell-b\", \"overrides\": []}}']))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,

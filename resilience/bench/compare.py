@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resilience import child
 from resilience.bench.probe import load_limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,27 +60,22 @@ def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
     phase = "during_checkpoint" if _saves(strategy) else "before_forward"
     fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", f"fault.phase={phase}"]
              if kill else ["fault=none"])
-    cmd = [sys.executable, "-m", "resilience", f"workload={workload}", f"strategy={strategy}", *extra, *fault,
-           f"steps={plan.steps}", f"checkpoint.every={plan.every}", "world_size=2", "seed=0",
-           f"detector=[{detectors}]", f"hydra.run.dir={run_dir}"]
+    overrides = [f"workload={workload}", f"strategy={strategy}", *extra, *fault, f"steps={plan.steps}",
+                 f"checkpoint.every={plan.every}", "world_size=2", "seed=0", f"detector=[{detectors}]"]
     if resume and (run_dir / "result.json").exists():  # measured before: re-score its events, do not rerun
         from resilience.record.result import write_result
 
         print(f"(kept) {run_dir.name}", flush=True)
         return {**write_result(run_dir), "run_dir": str(run_dir)}
-    print(f"$ python -m resilience {' '.join(cmd[3:-1])}", flush=True)
+    print(f"$ python -m resilience {' '.join(overrides)}", flush=True)
     shutil.rmtree(run_dir, ignore_errors=True)  # a run cut short: start it again
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=plan.timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    done = child.run(child.experiment_command(overrides, run_dir), timeout_s=plan.timeout_s, cwd=ROOT,
+                     merge_stderr=True)
+    if done.timed_out:
         return {"status": "timeout", "run_dir": str(run_dir)}
     result_file = run_dir / "result.json"
-    if proc.returncode != 0 or not result_file.exists():
-        print(out[-2000:], flush=True)
+    if done.returncode != 0 or not result_file.exists():
+        print(done.stdout[-2000:], flush=True)
         return {"status": "error", "run_dir": str(run_dir)}
     result = json.loads(result_file.read_text())
     if not keep_checkpoints:  # 6 dlrm_emb runs would otherwise leave ~13 GB of checkpoints behind

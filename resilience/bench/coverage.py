@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         result = run_experiment(root / f"{i:02d}", [*BASE, *overrides, f"detector=[{','.join(detectors)}]"])
         rows += rows_for(name, result, detectors)
         caught = [r for r in rows if r["fault"] == name and r["detected"]]
-        print(f"[coverage]   " + (", ".join(f"{r['detector']} {r['latency_s']} s (rank {r['blamed_rank']})"
+        print("[coverage]   " + (", ".join(f"{r['detector']} {r['latency_s']} s (rank {r['blamed_rank']})"
                                           for r in caught if r["latency_s"] is not None) or
                                  ("no false alarm" if name == "none" else "MISSED by every detector")), flush=True)
     buf = io.StringIO()

@@ -1,24 +1,23 @@
 """Run one experiment as a user would (``python -m resilience ...`` in a child process) and read its result.
 
-Used by the demo, the coverage table and the benchmarks, which all compare whole runs side by side.
+Used by the demo, the coverage table and the benchmarks, which all compare whole runs side by side. The child runs
+in its own session and its whole process group ends with it (``resilience.child``): no rank outlives a timeout.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from resilience import child
 
 
 def run_experiment(run_dir: Path, overrides: list[str], echo: bool = False, timeout_s: float = 900) -> dict:
-    """Run to completion and return ``result.json``; a harness failure (exit status 1 or 2) raises."""
-    cmd = [sys.executable, "-m", "resilience", *overrides, f"hydra.run.dir={run_dir}"]
+    """Run to completion and return ``result.json``; a harness failure (exit status 1 or 2) or a timeout raises."""
     if echo:
-        print("$ python -m resilience " + " ".join(cmd[3:]), flush=True)
-    done = subprocess.run(cmd, stdout=None if echo else subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout_s)
+        print("$ python -m resilience " + " ".join([*overrides, f"hydra.run.dir={run_dir}"]), flush=True)
+    done = child.run(child.experiment_command(overrides, run_dir), timeout_s=timeout_s, echo=echo)
     if done.returncode != 0:
-        raise RuntimeError(f"python -m resilience {' '.join(cmd[3:])} exited {done.returncode}: "
-                           f"{(done.stderr or '')[-800:]}")
+        why = f"ran over {timeout_s} s" if done.timed_out else f"exited {done.returncode}"
+        raise RuntimeError(f"python -m resilience {' '.join(overrides)} {why}: {done.stderr[-800:]}")
     return json.loads((Path(run_dir) / "result.json").read_text())

@@ -1,11 +1,12 @@
 """``python -m resilience.bench.torture``: kill and corruption trials at random points; every recovery checked.
 
 For each checkpointing strategy, ``--trials`` kill trials at a seeded random (rank, step, phase), alternating world
-sizes 2 and 3, and for the strategies that load from disk one corruption trial per kind of damage (``fault=ckpt_damage``: a flipped byte, a truncated or
-deleted data file, deleted metadata, a garbled commit record) of the newest checkpoint before a crash. Each trial is
-a real ``python -m resilience`` run. Printed per strategy: trials, bit-exact recoveries (the final state equals the
-fault-free run's of the same world size), damaged checkpoints loaded (must be 0), and what the trials left behind:
-processes, ``/dev/shm`` entries of the run, temporary files (all must be 0).
+sizes 2 and 3; for the strategies that load from disk, also one corruption trial per kind of damage
+(``fault=ckpt_damage``: a flipped byte, a truncated or deleted data file, deleted metadata, a garbled commit record)
+of the newest checkpoint before a crash. Each trial is a real ``python -m resilience`` run. Printed per strategy:
+trials, bit-exact recoveries (the final state equals the fault-free run's of the same world size), damaged
+checkpoints loaded (must be 0), and what the trials left behind: processes, ``/dev/shm`` entries of the run,
+temporary files (all must be 0).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 
 from injectors.base import PHASES
 from injectors.ckpt_damage import HOW
-from reports.cell import processes_mentioning
 from resilience import child
+from resilience.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.events import read_events
 

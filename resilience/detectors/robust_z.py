@@ -1,4 +1,5 @@
-"""The base of the spike detectors (``loss_spike``, ``grad_norm``): a robust z-score: (x - median) / (1.4826 * MAD) over a sliding window.
+"""The base of the spike detectors (``loss_spike``, ``grad_norm``): a robust z-score over a sliding window,
+(x - median) / (1.4826 * MAD).
 
 The median and MAD ignore the outliers they are looking for, unlike a mean and standard deviation, and only
 upward spikes count (a falling loss is training working).

@@ -1,12 +1,12 @@
 """Model validation: predict each measured run's goodput from its own costs and the injected fault rate.
 
-``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs a small set of real experiments (gpt_tiny,
-2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate), measures every
+``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs a small set of real experiments
+(gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate), measures every
 cost from each run's ``events.jsonl``, predicts the run's goodput and writes ``parity.csv`` and ``parity.png``
 (predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its assumptions
 are in docs/projection.md, "Validation against measured runs".
 
-Both sides use the definition of ``resilience/metrics.py``: goodput = (sum of the durations of the steps that
+Both sides use the definition of ``resilience/record/metrics.py``: goodput = (sum of the durations of the steps that
 survived, each step once) / (wall time from the supervisor's ``launch`` to ``supervisor_end``). The prediction
 decomposes that wall time (all costs in seconds, measured on the run, the fault count from the rate)::
 
@@ -32,10 +32,7 @@ import argparse
 import io
 import json
 import math
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -45,6 +42,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from resilience import child
+from resilience.plan import fault_plan
 from resilience.record.events import read_events
 from resilience.record.fsio import atomic_write_bytes
 from resilience.projection.goodput import predicted_goodput
@@ -247,13 +246,10 @@ class RunSpec:
                 f"fault.probability={self.probability}", f"fault.count={self.count}", f"fault.seed={self.seed}"]
 
     def plan(self) -> list[int]:
-        """The steps the seeded plan kills at, computed exactly as the injector does, before the run."""
+        """The steps the seeded plan kills at: the injector's own plan function, before the run."""
         if self.probability <= 0:
             return []
-        from injectors.kill import Kill
-        kill = Kill(rank=FAULT_RANK, at_step=AT_STEP, probability=self.probability, count=self.count, seed=self.seed)
-        kill.validate(2, self.steps, self.every)
-        return list(kill.plan)
+        return fault_plan("kill", self.seed, AT_STEP, self.steps, self.probability, self.count)
 
 
 # Fault-free and three rates at two checkpoint intervals; the two intervals use different seeds (different plans).
@@ -262,20 +258,14 @@ QUICK = [RunSpec(5, 0.0, 0, 40), RunSpec(5, 0.05, 2, 40), RunSpec(10, 0.1, 1, 40
 
 
 def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
-    """``python -m resilience`` for one spec in its own process group; the whole group is killed on timeout."""
+    """``python -m resilience`` for one spec in its own process group (``resilience.child``)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)  # the checkpoint directory must start empty
-    cmd = [sys.executable, "-m", "resilience", *spec.overrides(), f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    done = child.run(child.experiment_command(spec.overrides(), run_dir), timeout_s=timeout_s, cwd=REPO)
+    if done.timed_out:
         raise RuntimeError(f"{spec.name}: ran over {timeout_s} s")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{spec.name}: exit {proc.returncode}: {err[-800:]}")
+    if done.returncode != 0:
+        raise RuntimeError(f"{spec.name}: exit {done.returncode}: {done.stderr[-800:]}")
 
 
 def predict_transfer(spec: RunSpec, reference: dict[str, Any] | None, others_recoveries: Sequence[float]) -> float:
