@@ -152,7 +152,7 @@ def _methods() -> str:
         return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
 
     body = (f"<p>Every metric is computed from the run's event log (events.jsonl) by one function "
-            f"(resilience/metrics.py); times are seconds on one host's monotonic clock.</p>"
+            f"(resilience/record/metrics.py); times are seconds on one host's monotonic clock.</p>"
             f"<h3>Per run (result.json)</h3>{dl(methods.RESULT_METRICS)}"
             f"<h3>Derived in this report</h3>{dl(methods.DERIVED_METRICS)}<p>{esc(methods.AGGREGATION)}</p>")
     return section("methods", "Methods", body)

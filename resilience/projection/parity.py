@@ -1,9 +1,9 @@
 """Model validation: predict each measured run's goodput from its own costs and the injected fault rate.
 
 ``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs a small set of real experiments
-(gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate), measures every
-cost from each run's ``events.jsonl``, predicts the run's goodput and writes ``parity.csv`` and ``parity.png``
-(predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its assumptions
+(gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate),
+measures every cost from each run's ``events.jsonl``, predicts the run's goodput and writes ``parity.csv`` and
+``parity.png`` (predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its assumptions
 are in docs/projection.md, "Validation against measured runs".
 
 Both sides use the definition of ``resilience/record/metrics.py``: goodput = (sum of the durations of the steps that
