@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from reports import registry
 from reports.matrix import MatrixError, load_matrix
 
 try:
@@ -24,10 +25,10 @@ RESULTS = str(config.get("results", "results")).rstrip("/")
 ENV = "workflow/envs/bench.yaml"
 CAPTIONS = "reports/captions"
 REPORT_CODE = sorted(str(p) for p in [*Path("reports").glob("*.py"), *Path(CAPTIONS).glob("*.rst")])
-FIGURES = ["recovery_breakdown", "ckpt_overhead", "detection", "timeline"]
-TABLES = ["headline_strategies", "headline_faults", "recovery_breakdown", "ckpt_overhead", "detection", "timeline",
-          "environment", "inventory"]
-PROJECTION_FIGURES = ["goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap"]
+# Every figure and table of the report comes from one registry (reports/registry.py).
+FIGURES = list(registry.MEASURED.values())
+TABLES = registry.report_tables()
+PROJECTION_FIGURES = list(registry.PROJECTED)
 
 # `python` in every rule is the interpreter running Snakemake (the project's venv), activated or not.
 os.environ.update(PATH=os.pathsep.join([str(Path(config.get("python", sys.executable)).parent),
@@ -125,9 +126,9 @@ rule report:
     output:
         html=report(f"{RESULTS}/report/index.html", category="Report", labels={"file": "index.html"}),
         figures=[
-            report(f"{RESULTS}/report/fig_{name}.png", caption=f"{CAPTIONS}/{name}.rst", category="Measured",
-                   labels={"figure": name})
-            for name in FIGURES
+            report(f"{RESULTS}/report/fig_{fig.name}.png", caption=fig.caption_file(), category="Measured",
+                   labels={"figure": fig.name})
+            for fig in FIGURES
         ],
         tables=[f"{RESULTS}/report/{name}.csv" for name in TABLES],
     params:

@@ -16,11 +16,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from reports import registry  # noqa: E402
 from resilience import child  # noqa: E402
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json  # noqa: E402
 from resilience.projection.outputs import write_png  # noqa: E402
 
-FIGURES = ("goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap")
+FIGURES = tuple(registry.PROJECTED)
 TABLES = ("summary",)
 TIMEOUT_S = 600
 

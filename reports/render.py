@@ -10,44 +10,23 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reports import figures, methods, tables, timeline
+from reports import methods, registry, tables
 from reports.html import esc, figure, fmt, page, png_bytes, section, table
 from resilience.record.fsio import atomic_write_bytes
 
-CAPTIONS = Path(__file__).resolve().parent / "captions"
-PROJECTION_CAPTIONS = {
-    "goodput_vs_interval": "Projection: goodput against the checkpoint interval per strategy at the scenario's size; "
-                           "the star marks each strategy's optimal interval. Look at the height and the width of "
-                           "each peak: a flat peak forgives a badly chosen interval.",
-    "goodput_vs_cluster": "Projection: goodput at the optimal interval against cluster size (lines: closed form; "
-                          "markers: Monte Carlo). Look at where the lines part: failures become frequent enough "
-                          "for recovery cost to matter.",
-    "winner_heatmap": "Projection: the best strategy for each cluster size and checkpoint size, its goodput and "
-                      "its lead over the runner-up. Look for the boundary between regions.",
-}
 PROJECTION_COLUMNS = ("strategy", "costs", "gpus", "ckpt_TB", "job_mtbf_h", "stall_s", "durable_s", "load_s",
                       "restart_s", "mean_recovery_s", "optimal_interval_s", "goodput_closed_form",
                       "goodput_monte_carlo")
-FIGURES: dict[str, tuple[str, Callable[[pd.DataFrame], tuple[Any, pd.DataFrame]]]] = {
-    "recovery_breakdown": ("Recovery time breakdown", figures.recovery_breakdown),
-    "ckpt_overhead": ("Checkpoint overhead against the checkpoint interval", figures.ckpt_overhead),
-    "detection": ("Detection coverage", figures.detection),
-    "timeline": ("Timelines: one representative run per strategy", timeline.timeline),
-}
-# Projection figure -> the CSV (written by resilience.projection) that holds its data.
-PROJECTION_FIGURES = {"goodput_vs_interval": "projection_interval_sweep.csv",
-                      "goodput_vs_cluster": "projection_cluster_sweep.csv",
-                      "winner_heatmap": "projection_winner_grid.csv"}
 
 
 def caption(name: str) -> str:
-    """The caption shared with ``snakemake --report`` (reports/captions/<name>.rst), as one paragraph."""
-    return " ".join((CAPTIONS / f"{name}.rst").read_text().split())
+    """A caption shared with ``snakemake --report`` (reports/captions/<name>.rst), as one paragraph."""
+    return " ".join((registry.CAPTIONS / f"{name}.rst").read_text().split())
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -60,18 +39,15 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     out = out_html.parent
     out.mkdir(parents=True, exist_ok=True)
     parts = [_header(summary, matrix), _headline(summary, limits, out)]
-    for name, (title, draw) in FIGURES.items():
-        fig, data = draw(summary)
+    for name, spec in registry.MEASURED.items():
+        fig, data = spec.drawing()(summary)
         png = png_bytes(fig)
         plt.close(fig)
         atomic_write_bytes(out / f"fig_{name}.png", png)
         write_csv(data, out / f"{name}.csv")
-        note = ""
-        if name == "detection":
-            alarms, runs = tables.false_alarms(summary)
-            note = (f"<p class=\"note\">False alarms (a detection before any fault was injected): {alarms} in "
-                    f"{runs} runs.</p>")
-        parts.append(section(name, title, figure(png, title, caption(name), f"{name}.csv") + note))
+        note = registry.resolve_note(spec)
+        parts.append(section(name, spec.title, figure(png, spec.title, spec.caption_text(), f"{name}.csv")
+                             + (note(summary) if note else "")))
     measured = tables.headline_strategies(summary, limits).dropna(subset=["ckpt_stall_s"])["strategy"].tolist()
     parts += [_environment(summary, limits, environment, out), _methods(), _projection(projection_status, measured)]
     atomic_write_bytes(out_html, page(f"resilience-bench report: {matrix['name']}", "".join(parts)).encode())
@@ -82,7 +58,7 @@ def _header(summary: pd.DataFrame, matrix: dict[str, str]) -> str:
     states = summary["state"].value_counts().to_dict() if "state" in summary else {}
     counts = ", ".join(f'<span class="badge state-{esc(s)}">{n} {esc(s)}</span>' for s, n in states.items())
     toc = "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in [
-        ("headline", "Headline"), *[(k, v[0]) for k, v in FIGURES.items()],
+        ("headline", "Headline"), *[(k, v.title) for k, v in registry.MEASURED.items()],
         ("environment", "Environment, limits and run inventory"), ("methods", "Methods"),
         ("projection", "Projection to cluster scale (model output)")])
     return (f"<h1>resilience-bench report</h1><p class=\"meta\">Matrix <b>{esc(matrix['name'])}</b> "
@@ -168,11 +144,10 @@ def _projection(status_path: Path | None, measured: list[str]) -> str:
     body = label
     if not status.get("ok"):
         body += f"<p class=\"note\">The projection could not run: {esc(status.get('error'))}</p>"
-    for name, data_csv in PROJECTION_FIGURES.items():
+    for name, spec in registry.PROJECTED.items():
         png = folder / f"projection_{name}.png"
         if png.exists():
-            body += figure(png.read_bytes(), f"projection: {name}", PROJECTION_CAPTIONS[name],
-                           f"{folder.name}/{data_csv}")
+            body += figure(png.read_bytes(), f"projection: {name}", spec.caption, f"{folder.name}/{spec.data_csv}")
     summary_csv = folder / "projection_summary.csv"
     if status.get("ok") and summary_csv.exists():
         proj = pd.read_csv(summary_csv)

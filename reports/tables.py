@@ -130,6 +130,12 @@ def false_alarms(frame: pd.DataFrame) -> tuple[int, int]:
     return int(col(with_result, "false_alarms").sum()), len(with_result)
 
 
+def false_alarm_note(frame: pd.DataFrame) -> str:
+    """The line under the detection figure."""
+    alarms, runs = false_alarms(frame)
+    return f"<p class=\"note\">False alarms (a detection before any fault was injected): {alarms} in {runs} runs.</p>"
+
+
 def inventory(frame: pd.DataFrame) -> pd.DataFrame:
     """Every cell, problems first: how it ended and why."""
     columns = ["cell", "state", "status", "attempts", "steps_completed", "steps", "wall_time_s", "elapsed_s",

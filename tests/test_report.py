@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from reports import registry
 from reports.aggregate import main as aggregate_main
 from reports.aggregate import summarize
 from reports.matrix import load_matrix
@@ -129,3 +130,24 @@ def test_projection_that_cannot_run_leaves_labelled_placeholders(tmp_path):
     frame = pd.DataFrame({"cell": [], "state": []})
     html = _render(frame, tmp_path / "report", LIMITS, tmp_path / "projection" / "projection_status.json")
     assert "The projection could not run" in html and "ckpt_stall_s" in html
+
+
+def test_a_figure_registered_from_outside_is_drawn_listed_and_declared(summary, tmp_path, monkeypatch):
+    """Adding a report figure takes one function and one registry entry, nothing else."""
+    import matplotlib.pyplot as plt
+
+    def steps_per_cell(frame: pd.DataFrame):
+        data = pd.DataFrame({"cell": frame["cell"], "steps": frame["steps_completed"]})
+        fig, ax = plt.subplots()
+        ax.bar(range(len(data)), data["steps"])
+        return fig, data
+
+    monkeypatch.setattr(registry, "MEASURED", dict(registry.MEASURED))  # the registration ends with the test
+    registry.register(registry.Measured("steps_per_cell", "Steps per cell", steps_per_cell,
+                                        caption="Throw-away: completed steps of each cell."))
+    html = _render(summary, tmp_path / "report", LIMITS)
+    assert 'id="steps_per_cell"' in html and 'href="#steps_per_cell"' in html
+    assert "Throw-away: completed steps of each cell." in html
+    assert (tmp_path / "report" / "fig_steps_per_cell.png").exists()
+    assert len(pd.read_csv(tmp_path / "report" / "steps_per_cell.csv")) == len(summary)
+    assert "steps_per_cell" in registry.report_tables()  # what the Snakefile declares as the report's outputs

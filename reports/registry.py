@@ -1,0 +1,99 @@
+"""Every figure of the report, registered once: the Snakefile, the renderer and the captions read this list.
+
+A measured figure is one drawing function (summary table in, ``(Figure, DataFrame)`` out) and one entry here; its
+caption is the entry's ``caption``, or ``reports/captions/<name>.rst`` (which ``snakemake --report`` shows too).
+To add a figure: write the function, add a ``Measured(...)`` line below (or call ``register`` from your own code).
+The report draws it, writes ``fig_<name>.png`` and ``<name>.csv``, lists it in the contents, and the Snakefile
+declares both files. Drawing functions are named as ``"module:function"`` so that the Snakefile can read this list
+without importing matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+CAPTIONS = Path(__file__).resolve().parent / "captions"
+Draw = Callable[[pd.DataFrame], tuple[Any, pd.DataFrame]]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A figure of measured data: ``fig_<name>.png`` and its data ``<name>.csv`` in the report folder."""
+
+    name: str
+    title: str
+    draw: str | Draw  # "module:function", or the function itself
+    caption: str | None = None  # None: reports/captions/<name>.rst
+    note: str | None = None  # "module:function" (summary -> HTML under the figure), or None
+
+    def drawing(self) -> Draw:
+        return _resolve(self.draw)
+
+    def caption_text(self) -> str:
+        return self.caption or " ".join((CAPTIONS / f"{self.name}.rst").read_text().split())
+
+    def caption_file(self) -> str | None:
+        """The caption file for ``snakemake --report``, if there is one."""
+        path = CAPTIONS / f"{self.name}.rst"
+        return str(path.relative_to(CAPTIONS.parent.parent)) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A figure the projection draws (``projection_<name>.png``), with the CSV that holds its data."""
+
+    name: str
+    data_csv: str
+    caption: str
+
+
+MEASURED: dict[str, Measured] = {}
+PROJECTED: dict[str, Projected] = {}
+HEADLINE_TABLES = ("headline_strategies", "headline_faults")
+INVENTORY_TABLES = ("environment", "inventory")
+
+
+def register(figure: Measured | Projected) -> None:
+    """Add a figure to the report (a later entry of the same name replaces the earlier one)."""
+    (MEASURED if isinstance(figure, Measured) else PROJECTED)[figure.name] = figure
+
+
+def report_tables() -> list[str]:
+    """Every CSV the report writes beside ``index.html`` (without the ``.csv``)."""
+    return [*HEADLINE_TABLES, *MEASURED, *INVENTORY_TABLES]
+
+
+def _resolve(ref: str | Callable) -> Callable:
+    if callable(ref):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def resolve_note(figure: Measured) -> Callable[[pd.DataFrame], str] | None:
+    return _resolve(figure.note) if figure.note else None
+
+
+for _figure in (
+    Measured("recovery_breakdown", "Recovery time breakdown", "reports.figures:recovery_breakdown"),
+    Measured("ckpt_overhead", "Checkpoint overhead against the checkpoint interval", "reports.figures:ckpt_overhead"),
+    Measured("detection", "Detection coverage", "reports.figures:detection", note="reports.tables:false_alarm_note"),
+    Measured("timeline", "Timelines: one representative run per strategy", "reports.timeline:timeline"),
+    Projected("goodput_vs_interval", "projection_interval_sweep.csv",
+              "Projection: goodput against the checkpoint interval per strategy at the scenario's size; the star "
+              "marks each strategy's optimal interval. Look at the height and the width of each peak: a flat peak "
+              "forgives a badly chosen interval."),
+    Projected("goodput_vs_cluster", "projection_cluster_sweep.csv",
+              "Projection: goodput at the optimal interval against cluster size (lines: closed form; markers: "
+              "Monte Carlo). Look at where the lines part: failures become frequent enough for recovery cost to "
+              "matter."),
+    Projected("winner_heatmap", "projection_winner_grid.csv",
+              "Projection: the best strategy for each cluster size and checkpoint size, its goodput and its lead "
+              "over the runner-up. Look for the boundary between regions."),
+):
+    register(_figure)
