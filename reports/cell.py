@@ -39,7 +39,6 @@ from resilience import child
 from resilience.record.fsio import atomic_write_json
 
 TAIL_LINES = 12
-GRACE_S = 10.0  # SIGTERM -> SIGKILL: the supervisor needs a moment to stop its ranks
 NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")  # Hydra's footer, not the cause
 
 

@@ -9,7 +9,6 @@ The environment (CPU, GPU, memory, library versions) is read here, on the machin
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -26,7 +25,7 @@ PROBE_TIMEOUT_S = 600
 
 
 def probe_limits(out: Path) -> dict[str, Any]:
-    """Run the core's probe into ``out``; on absence or failure write (and return) ``{"probed": false, ...}``."""
+    """Run the probe into ``out``; if it fails, write (and return) ``{"probed": false, ...}``."""
     # --dir: the file system the runs' checkpoints go to (the results directory).
     cmd = [sys.executable, "-m", PROBE_MODULE, "--dir", str(out.parent), "--out", str(out)]
     print("$ " + " ".join(cmd), flush=True)
