@@ -11,6 +11,7 @@ without importing matplotlib.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,9 +33,15 @@ class Measured:
     note: str | None = None  # "module:function" (summary -> HTML under the figure), or None
 
     def drawing(self) -> Draw:
+        """The drawing function (imported on first use)."""
         return _resolve(self.draw)
 
+    def noting(self) -> Callable[[pd.DataFrame], str] | None:
+        """The function that writes the HTML under the figure, if any."""
+        return _resolve(self.note) if self.note else None
+
     def caption_text(self) -> str:
+        """The caption as one paragraph: the entry's own, or its caption file's."""
         return self.caption or " ".join((CAPTIONS / f"{self.name}.rst").read_text().split())
 
     def caption_file(self) -> str | None:
@@ -56,10 +63,19 @@ MEASURED: dict[str, Measured] = {}
 PROJECTED: dict[str, Projected] = {}
 HEADLINE_TABLES = ("headline_strategies", "headline_faults")
 INVENTORY_TABLES = ("environment", "inventory")
+FIXED_SECTIONS = ("headline", "environment", "methods", "projection")  # the renderer's own, around the figures
 
 
 def register(figure: Measured | Projected) -> None:
     """Add a figure to the report (a later entry of the same name replaces the earlier one)."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", figure.name):  # it names files and an HTML anchor
+        raise ValueError(f"figure name {figure.name!r}: must be lower-case letters, digits and '_'")
+    if isinstance(figure, Measured):
+        if figure.name in (*HEADLINE_TABLES, *INVENTORY_TABLES, *FIXED_SECTIONS):
+            raise ValueError(f"figure name {figure.name!r}: taken by the report's own tables and sections")
+        if not figure.caption and not (CAPTIONS / f"{figure.name}.rst").exists():
+            raise ValueError(f"figure {figure.name!r}: no caption (give caption=... or write "
+                             f"reports/captions/{figure.name}.rst)")
     (MEASURED if isinstance(figure, Measured) else PROJECTED)[figure.name] = figure
 
 
@@ -73,10 +89,6 @@ def _resolve(ref: str | Callable) -> Callable:
         return ref
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def resolve_note(figure: Measured) -> Callable[[pd.DataFrame], str] | None:
-    return _resolve(figure.note) if figure.note else None
 
 
 for _figure in (

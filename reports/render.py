@@ -1,8 +1,9 @@
 """The report: ``index.html`` (one self-contained file) plus, beside it, every figure as PNG and its data as CSV.
 
-Sections, in order: headline tables, recovery breakdown, checkpoint overhead, detection coverage, timelines,
-environment and run inventory, methods, and the scale projection (labelled as a model output). Every file is
-written atomically; ``index.html`` last, so that its presence means the whole report is there.
+Sections, in order: headline tables, the measured figures of ``reports/registry.py`` (in its order), environment
+and run inventory, methods, and the scale projection with the registry's projected figures (labelled as a model
+output). Every file is written atomically; ``index.html`` last, so that its presence means the whole report is
+there.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
         plt.close(fig)
         atomic_write_bytes(out / f"fig_{name}.png", png)
         write_csv(data, out / f"{name}.csv")
-        note = registry.resolve_note(spec)
+        note = spec.noting()
         parts.append(section(name, spec.title, figure(png, spec.title, spec.caption_text(), f"{name}.csv")
                              + (note(summary) if note else "")))
     measured = tables.headline_strategies(summary, limits).dropna(subset=["ckpt_stall_s"])["strategy"].tolist()

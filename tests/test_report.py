@@ -151,3 +151,12 @@ def test_a_figure_registered_from_outside_is_drawn_listed_and_declared(summary, 
     assert (tmp_path / "report" / "fig_steps_per_cell.png").exists()
     assert len(pd.read_csv(tmp_path / "report" / "steps_per_cell.csv")) == len(summary)
     assert "steps_per_cell" in registry.report_tables()  # what the Snakefile declares as the report's outputs
+
+
+@pytest.mark.parametrize("name, caption, refused", [
+    ("inventory", "text", "taken by the report's own"), ("Bad Name", "text", "lower-case"),
+    ("uncaptioned", None, "no caption")])
+def test_a_figure_that_would_break_the_report_is_refused_at_registration(monkeypatch, name, caption, refused):
+    monkeypatch.setattr(registry, "MEASURED", dict(registry.MEASURED))
+    with pytest.raises(ValueError, match=refused):
+        registry.register(registry.Measured(name, "title", "reports.figures:detection", caption=caption))
