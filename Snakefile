@@ -18,7 +18,7 @@ from reports import registry
 from reports.matrix import MatrixError, load_matrix
 
 try:
-    MATRIX = load_matrix(str(config.get("matrix", "default")))
+    MATRIX = load_matrix(str(config.get("matrix", "default")), check=True)  # every cell, as the command checks it
 except MatrixError as exc:  # one line naming the key, not a traceback
     sys.exit(f"error: {exc}")
 RESULTS = str(config.get("results", "results")).rstrip("/")

@@ -16,20 +16,30 @@ reruns) the existing ones. Every bad entry raises :class:`MatrixError` with one 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_excludes,
                                  parse_overrides, parse_reference)
+from resilience.config import GROUPS, ConfigError, resolve
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MATRIX_DIR = CONF_DIR / "matrix"
 TOP_KEYS = ("description", "axes", "exclude", "reference", "overrides", "runtime_min")
+CHOICE_GROUPS = ("workload", "strategy", "fault", "recovery")
+_MISSING = object()
 GROUP_KEY = ("workload", "world_size", "steps", "seed")  # cells that share these share one reference run
 
 
@@ -99,8 +109,9 @@ def find(name_or_path: str, matrix_dir: Path = MATRIX_DIR) -> Path:
                       f"or a path to a YAML file")
 
 
-def load_matrix(name_or_path: str, conf_dir: Path = CONF_DIR) -> Matrix:
-    """Read and expand a matrix by name (conf/matrix/<name>.yaml) or path."""
+def load_matrix(name_or_path: str, conf_dir: Path = CONF_DIR, check: bool = False) -> Matrix:
+    """Read and expand a matrix by name (conf/matrix/<name>.yaml) or path; with ``check``, also validate every
+    cell as ``python -m resilience`` would (``check_cells``)."""
     path = find(name_or_path, conf_dir / "matrix")
     try:
         spec = yaml.safe_load(path.read_text())
@@ -108,7 +119,39 @@ def load_matrix(name_or_path: str, conf_dir: Path = CONF_DIR) -> Matrix:
         raise MatrixError(f"matrix {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     resolved, cwd = path.resolve(), Path.cwd().resolve()
     source = str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(resolved)
-    return expand(spec, name=path.stem, source=source, conf_dir=conf_dir)
+    matrix = expand(spec, name=path.stem, source=source, conf_dir=conf_dir)
+    if check:
+        check_cells(matrix, conf_dir)
+    return matrix
+
+
+def check_cells(matrix: Matrix, conf_dir: Path = CONF_DIR) -> None:
+    """Every cell's configuration, composed and resolved with the command's own checks, before any cell runs: a
+    bad cell (an out-of-range fault rank, an unknown phase) is one ``MatrixError`` line, not a failed cell later.
+
+    Cells that choose the same options share one Hydra composition (the slow part); their other settings are
+    applied on a copy, as Hydra applies a value override."""
+    composed: dict[tuple[str, ...], DictConfig] = {}
+    parser = OverridesParser.create()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for cell in matrix.cells:
+            try:
+                overrides = parser.parse_overrides(list(cell.overrides))
+                groups = tuple(o.input_line for o in overrides if o.key_or_group in GROUPS)
+                if groups not in composed:
+                    composed[groups] = compose(config_name="config", overrides=list(groups))
+                cfg = copy.deepcopy(composed[groups])
+                for o in overrides:
+                    if o.key_or_group not in GROUPS:
+                        if OmegaConf.select(cfg, o.key_or_group, default=_MISSING) is _MISSING:
+                            raise ConfigError(f"{o.key_or_group}={o.value()}: unknown setting")
+                        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+                choices = {o.key_or_group: o.value() for o in overrides if o.key_or_group in CHOICE_GROUPS}
+                # Nothing is created: the run directory only names where the checkpoints would go.
+                resolve(cfg, Path(tempfile.gettempdir()) / "rb-matrix-check" / cell.name, choices)
+            except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+                first = next((s for s in str(exc).splitlines() if s.strip()), type(exc).__name__)
+                raise MatrixError(f"matrix {matrix.name}: cell {cell.name}: {first}") from None
 
 
 def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = CONF_DIR) -> Matrix:

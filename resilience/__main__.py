@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from resilience.ckpt.lock import DirectoryInUse, DirectoryLock, holds_checkpoints
-from resilience.config import ConfigError, check_group_choices, resolve
+from resilience.command_line import CommandLineError, compose_checked
+from resilience.config import CONF_DIR, ConfigError, check_group_choices, resolve
 from resilience.identity import new_run_id
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
@@ -42,8 +43,7 @@ def main(cfg: DictConfig) -> None:
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     try:
         cfg = resolve(cfg, run_dir, choices)
-        if (run_dir / EVENTS_FILE).exists():
-            raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({EVENTS_FILE}); choose a new directory")
+        check_places(cfg, run_dir)
         with open_dict(cfg):
             cfg.run_id = new_run_id()
         lock = own_checkpoint_dir(cfg, run_dir)
@@ -69,6 +69,25 @@ def main(cfg: DictConfig) -> None:
     if result["status"] == "error":
         say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")
         sys.exit(1)
+
+
+def check_places(cfg: DictConfig, run_dir: Path) -> None:
+    """The run directory holds no run yet, and no live run holds the checkpoint directory (nothing is created)."""
+    if (run_dir / EVENTS_FILE).exists():
+        raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({EVENTS_FILE}); choose a new directory")
+    holder = DirectoryLock(Path(cfg.checkpoint.dir)).holder()
+    if holder is not None:
+        raise ConfigError(f"checkpoint.dir={cfg.checkpoint.dir}: in use by another run ({holder})")
+
+
+def precheck(argv: list[str]) -> None:
+    """The whole validation, before Hydra creates anything: compose, resolve, check where the run would go."""
+    composed = compose_checked(CONF_DIR, "config", argv)
+    run_dir = Path(str(composed.hydra.run.dir)).resolve()
+    choices = {k: v for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
+    with open_dict(composed):
+        del composed["hydra"]
+    check_places(resolve(composed, run_dir, choices), run_dir)
 
 
 def own_checkpoint_dir(cfg: DictConfig, run_dir: Path) -> DirectoryLock:
@@ -98,7 +117,7 @@ def torchrun_command(cfg: DictConfig, config_path: Path, recovery_budget: int) -
         f"Prepared {config_path}. On each of N nodes (the run directory must be on a shared file system), run:\n\n"
         f"  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=N --nproc-per-node=P --rdzv-backend=c10d \\\n"
         f"      --rdzv-endpoint=HOST:29400 --rdzv-id=JOB_ID --max-restarts={recovery_budget} \\\n"
-        f"      -m resilience.rank.main {config_path}\n\n"
+        f"      -m resilience.rank {config_path}\n\n"
         f"with N x P = world_size = {cfg.world_size}. Afterwards: python -m resilience.result {config_path.parent}"
     )
 
@@ -106,7 +125,8 @@ def torchrun_command(cfg: DictConfig, config_path: Path, recovery_budget: int) -
 def cli() -> None:
     try:
         check_group_choices(sys.argv[1:])
-    except ConfigError as exc:
+        precheck(sys.argv[1:])
+    except (ConfigError, CommandLineError) as exc:
         _fail_config(exc)
     main()
 

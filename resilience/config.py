@@ -66,6 +66,39 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
     return require_choice(key, OmegaConf.select(cfg, key), allowed)
 
 
+def _check_local_ranks(cfg: DictConfig, world: int) -> None:
+    """The local supervisor starts every rank on this machine: refuse more than it can run (``auto``: 8 per core)."""
+    if cfg.supervisor.launcher != "local":
+        return  # torchrun spreads the ranks over the cluster's nodes
+    limit = cfg.supervisor.max_local_ranks
+    if limit == "auto":
+        limit = 8 * (os.cpu_count() or 1)
+    limit = require_int("supervisor.max_local_ranks", limit, 1)
+    if world > limit:
+        raise ConfigError(f"world_size={world}: more ranks than this machine runs (supervisor.max_local_ranks="
+                          f"{limit}); raise supervisor.max_local_ranks, or use supervisor.launcher=external to "
+                          f"launch across nodes with torchrun")
+
+
+def _check_checkpoint_dir(path: Path) -> None:
+    """A directory this process can create files in (it need not exist yet); nothing is created here."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"checkpoint.dir={path}: is a file, not a directory")
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"checkpoint.dir={path}: {ancestor} is a file, so the directory cannot be created")
+    if not os.access(ancestor, os.W_OK | os.X_OK) or _read_only(ancestor):
+        raise ConfigError(f"checkpoint.dir={path}: {ancestor} is not writable; choose a writable directory")
+
+
+def _read_only(path: Path) -> bool:
+    """A file system that refuses writes even to root (read-only mount, /proc, /sys)."""
+    st = os.statvfs(path)
+    return bool(st.f_flag & os.ST_RDONLY) or str(path.resolve()).startswith(("/proc", "/sys"))
+
+
 def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
     """The fully resolved, validated configuration that the rank processes receive (``auto`` values filled in)."""
     try:
@@ -106,6 +139,8 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
         cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir or run_dir / "ckpt").resolve())
         cfg.choices = choices
     _integer(cfg, "threads_per_rank", 1)
+    _check_local_ranks(cfg, world)
+    _check_checkpoint_dir(Path(cfg.checkpoint.dir))
     roles = build_roles(cfg)  # every role validates its own settings where it is built
     roles.strategy.check_host(roles.workload, int(cfg.world_size))
     return cfg

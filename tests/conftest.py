@@ -12,14 +12,17 @@ import pytest
 
 from resilience import child
 from resilience.child import processes_mentioning
+from resilience.ckpt.shm_store import SHM_DIR, run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_module(module: str, *args: str, timeout: float, merge_stderr: bool = False) -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGS`` from the repository root in its own process group; killed whole on timeout."""
+def run_module(module: str, *args: str, timeout: float, merge_stderr: bool = False,
+               cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` (from ``cwd``: the repository root) in its own process group; killed whole on
+    timeout."""
     cmd = [sys.executable, "-m", module, *args]
-    done = child.run(cmd, timeout_s=timeout, cwd=ROOT, merge_stderr=merge_stderr)
+    done = child.run(cmd, timeout_s=timeout, cwd=cwd, merge_stderr=merge_stderr)
     if done.timed_out:
         pytest.fail(f"python -m {module} {' '.join(args)} ran over {timeout} s\n{done.stdout[-5000:]}\n{done.stderr}")
     return subprocess.CompletedProcess(cmd, done.returncode, done.stdout, done.stderr)
@@ -38,6 +41,7 @@ def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict
     while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_mentioning(str(run_dir)) == [], "rank processes outlived the run"
+    assert list(SHM_DIR.glob(f"*{run_id(run_dir)}*")) == [], "shared memory outlived the run"
     return json.loads((run_dir / "result.json").read_text())
 
 
@@ -51,3 +55,16 @@ def reference(runs_root) -> dict:
     """The fault-free run that recovered runs must match bit for bit."""
     return run_experiment(runs_root / "reference", "strategy=sync", "fault=none", "steps=30", "checkpoint.every=5",
                           "world_size=2", "seed=0")
+
+
+# End-to-end modules: every test starts real rank processes (seconds each). `pytest -m "not slow"` leaves them out,
+# with every test that needs a finished run (the session's reference run), for a fast round of the rest.
+E2E_MODULES = {"test_faults", "test_recovery", "test_replica", "test_extend", "test_pipeline", "test_parity"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        code = getattr(getattr(item, "function", None), "__code__", None)
+        runs = code is not None and "run_experiment" in code.co_names
+        if item.module.__name__ in E2E_MODULES or runs or {"reference", "runs_root"} & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)

@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from conftest import ROOT, run_cli
-from resilience.config import ConfigError, resolve
+from conftest import ROOT, run_cli, run_module
+from resilience.__main__ import precheck
+from resilience.command_line import CommandLineError
+from resilience.config import ConfigError, check_group_choices, resolve
+from resilience.projection.cli import precheck as projection_precheck
+from resilience.projection.validation import ConfigError as ProjectionConfigError
 
 CONTRACT_KEYS = ("seed", "steps", "world_size", "device", "backend", "checkpoint.every", "checkpoint.keep",
                  "checkpoint.dir", "timeouts.collective_s", "timeouts.heartbeat_s", "fault.rank", "fault.at_step",
@@ -55,19 +59,38 @@ BAD = [
     (("fault=kill", "fault.signal=SIGHUP"), "fault.signal=SIGHUP", "SIGKILL"),
     (("backend=nccl", "device=cpu"), "backend=nccl", "device=cuda"),
     (("strategy=sync", "supervisor.spares=1"), "supervisor.spares=1", "strategy=replica"),
+    (("stratgy=sync",), "stratgy=sync", "did you mean strategy"),
+    (("checkpoint.evry=3",), "checkpoint.evry=3", "checkpoint.every"),
+    (("world_size=100000",), "world_size=100000", "supervisor.max_local_ranks"),
+    (("checkpoint.dir=/etc/hostname",), "checkpoint.dir=/etc/hostname", "not a directory"),
+    (("checkpoint.dir=/etc/hostname/ckpt",), "checkpoint.dir=/etc/hostname/ckpt", "is a file"),
+    (("checkpoint.dir=/proc/ckpt",), "checkpoint.dir=/proc/ckpt", "not writable"),
+    (("fault=ckpt_damage", "fault.how=melt"), "fault.how=melt", "garble_commit"),
 ]
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("overrides,setting,allowed", BAD, ids=[b[1] for b in BAD])
 def test_bad_input_is_one_clear_line(tmp_path, overrides, setting, allowed):
+    """The command's whole validation, which runs before Hydra creates anything (in process: fast)."""
+    argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
+    with pytest.raises((ConfigError, CommandLineError)) as info:
+        check_group_choices(argv)
+        precheck(argv)
+    line = str(info.value)
+    assert "\n" not in line and setting in line and allowed in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides,setting", [(("stratgy=sync",), "did you mean strategy"),
+                                               (("fault=kill", "fault.rank=5"), "fault.rank=5")])
+def test_the_command_prints_one_line_exits_2_and_creates_nothing(tmp_path, overrides, setting):
     done = run_cli(*overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=100)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert setting in lines[0] and allowed in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and setting in lines[0], done.stderr
     assert "Traceback" not in done.stderr + done.stdout
-    assert not (tmp_path / "run" / "events.jsonl").exists()
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.timeout(120)
@@ -78,3 +101,26 @@ def test_a_used_run_directory_is_refused(tmp_path):
     done = run_cli(f"hydra.run.dir={run_dir}", timeout=100)
     assert done.returncode == 2 and "already holds a run" in done.stderr
     assert (run_dir / "events.jsonl").read_text() == "{}\n"  # nothing lost
+
+
+@pytest.mark.timeout(120)
+def test_a_rejected_configuration_without_a_run_dir_creates_no_timestamped_one(tmp_path):
+    done = run_module("resilience", "steps=0", timeout=100, cwd=tmp_path)
+    assert done.returncode == 2 and not (tmp_path / "results").exists() and not (tmp_path / "outputs").exists()
+
+
+PROJECTION_BAD = [
+    (("scenario=nope",), "scenario=nope", "allowed: generic_100k"),
+    (("monte_carlo.trialz=3",), "monte_carlo.trialz=3", "did you mean monte_carlo.trials"),
+    (("monte_carlo.trials=0",), "monte_carlo.trials=0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,setting,allowed", PROJECTION_BAD, ids=[b[1] for b in PROJECTION_BAD])
+def test_projection_bad_input_is_one_clear_line(tmp_path, overrides, setting, allowed):
+    """The projection's validation before Hydra (its command prints the line, exit 2: test_projection.py)."""
+    with pytest.raises((ProjectionConfigError, CommandLineError)) as info:
+        projection_precheck([*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    line = str(info.value)
+    assert "\n" not in line and setting in line and allowed in line, line
+    assert not (tmp_path / "run").exists()

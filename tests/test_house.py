@@ -24,7 +24,8 @@ PACKAGES = ("resilience", "injectors", "reports")
 # (what a user runs) are the top floor; nothing beneath imports them.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("resilience.checks", "resilience.named", "resilience.child", "resilience.state", "resilience.plan",
-                "resilience.reduce", "resilience.identity", "resilience.record", "resilience.workloads")),
+                "resilience.command_line", "resilience.reduce", "resilience.identity", "resilience.record",
+                "resilience.workloads")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "injectors")),
     ("assembly", ("resilience.roles", "resilience.config")),

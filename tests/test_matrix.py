@@ -6,7 +6,7 @@ import copy
 import re
 import pytest
 
-from reports.matrix import MatrixError, available, expand, load_matrix
+from reports.matrix import MatrixError, available, check_cells, expand, load_matrix
 
 pytestmark = pytest.mark.timeout(60)
 SAFE = re.compile(r"[A-Za-z0-9_.=-]+")
@@ -134,3 +134,19 @@ def test_bad_matrix_entries_give_one_line_naming_the_key(changes, key, allowed):
 def test_unknown_matrix_name_lists_the_choices():
     with pytest.raises(MatrixError, match=r"matrix=nope: no such matrix; allowed: .*default.*smoke"):
         load_matrix("nope")
+
+
+@pytest.mark.parametrize("fault,expected", [
+    ({"name": "kill", "rank": 5}, r"cell .*: fault.rank=5: must be in \[0, 1\] for world_size=2"),
+    ({"name": "kill", "phase": "sideways"}, r"cell .*: fault.phase=sideways: must be one of before_forward"),
+    ({"name": "slow_disk", "mode": "melt"}, r"cell .*: fault.mode=melt: must be one of throttle"),
+], ids=["rank", "phase", "mode"])
+def test_every_cell_is_checked_as_the_command_checks_it(fault, expected):
+    matrix = expand(spec(axes={**spec()["axes"], "fault": ["none", fault]}), name="bad")
+    with pytest.raises(MatrixError, match=expected):
+        check_cells(matrix)
+
+
+def test_the_shipped_matrices_pass_the_check():
+    for name in available():
+        check_cells(load_matrix(name))

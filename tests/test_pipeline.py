@@ -19,8 +19,14 @@ from reports.matrix import available, load_matrix
 
 
 def snakemake(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``snakemake ARGS`` from the repository root (stderr merged into stdout), killed whole on timeout."""
-    return run_module("snakemake", *args, timeout=timeout, merge_stderr=True)
+    """``snakemake ARGS`` from the repository root (stderr merged into stdout), killed whole on timeout; without
+    Snakemake's notice that it uses the workflow's default profile (profiles/default)."""
+    done = run_module("snakemake", *args, timeout=timeout, merge_stderr=True)
+    done.stdout = "".join(s for s in done.stdout.splitlines(keepends=True) if not s.startswith(PROFILE_NOTICE))
+    return done
+
+
+PROFILE_NOTICE = "Using workflow specific profile"
 
 
 @pytest.mark.timeout(120)
@@ -48,6 +54,19 @@ def test_bad_matrix_is_one_line_naming_the_key(tmp_path):
     assert done.returncode != 0
     assert done.stdout.strip() == ("error: matrix bad: axes.sped: unknown axis; allowed: workload, strategy, fault, "
                                    "detectors, checkpoint.every, seed, world_size, steps, recovery")
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_cell_fails_the_dry_run_in_one_line_before_any_cell_runs(tmp_path):
+    fault, expected = "{name: kill, rank: 5}", r"cell .*: fault.rank=5: must be in \[0, 1\] for world_size=2"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"axes:\n  workload: [gpt_tiny]\n  strategy: [sync]\n  fault: [none, {fault}]\n"
+                   f"  detectors: [[process_exit]]\n  checkpoint.every: [5]\n  seed: [0]\n  world_size: [2]\n"
+                   f"  steps: [12]\n")
+    done = snakemake("-n", "--config", f"matrix={bad}", f"results={tmp_path / 'results'}")
+    assert done.returncode != 0 and len(done.stdout.strip().splitlines()) == 1, done.stdout[-2000:]
+    assert re.fullmatch(rf"error: matrix bad: {expected}.*", done.stdout.strip())
+    assert not (tmp_path / "results").exists()
 
 
 FAKE = textwrap.dedent("""
@@ -93,8 +112,9 @@ def test_run_rule_records_every_outcome_and_leaves_no_process(tmp_path, mode, st
 @pytest.mark.timeout(60)
 def test_interrupted_cell_writes_no_done_file_and_stops_its_processes(tmp_path):
     run_dir = tmp_path / "runs" / "cell-b"
-    code = (f"import sys, reports.cell as c; c.child.experiment_command = lambda o, d: [sys.executable, '-c', {FAKE!r}, "
-            f"str(d), 'hang']; sys.exit(c.main([{str(run_dir / 'done.json')!r}, "
+    code = (f"import sys, reports.cell as c; "
+            f"c.child.experiment_command = lambda o, d: [sys.executable, '-c', {FAKE!r}, str(d), 'hang']; "
+            f"sys.exit(c.main([{str(run_dir / 'done.json')!r}, "
             f"'{{\"cell\": \"cell-b\", \"overrides\": []}}']))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)

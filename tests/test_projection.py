@@ -249,7 +249,8 @@ def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
 def test_cli_reports_bad_value_in_one_line(tmp_path: Path) -> None:
     proc = _cli(tmp_path, "scenario=llama3_405b", "scenario.gpus=0")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "scenario.gpus=0: must be an integer >= 1"
+    assert proc.stderr.strip() == "error: scenario.gpus=0: must be an integer >= 1"
+    assert not (tmp_path / "hydra").exists()  # checked before Hydra: nothing created
     assert "Traceback" not in proc.stderr + proc.stdout
 
 

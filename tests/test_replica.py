@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, run_cli, run_experiment
 from resilience.record.events import read_events
 from resilience.state import TrainState, state_sha256
-from resilience.ckpt.transfer import native_state, reconcile
+from resilience.ckpt.transfer import replica_state, reconcile
 
 COMMON = ("strategy=replica", "steps=30", "world_size=2", "seed=0")
 
@@ -34,7 +34,7 @@ def _replica_worker(rank: int, world: int, store: str, trained: list[int | None]
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
     done = reconcile(state, trained[rank], torch.device("cpu"))
-    out.put((rank, done.position, done.source, done.received, done.nbytes, state_sha256(native_state(state))))
+    out.put((rank, done.position, done.source, done.received, done.nbytes, state_sha256(replica_state(state))))
     dist.destroy_process_group()
 
 

@@ -32,7 +32,7 @@ class TensorRef(NamedTuple):
     nbytes: int
 
 
-def native_state(state: TrainState) -> dict[str, Any]:
+def snapshot_state(state: TrainState) -> dict[str, Any]:
     """What a snapshot holds; its tensors are the model's and the optimizer's own (no copies)."""
     return {"model": state.model.state_dict(), "optim": state.optimizer.state_dict()}
 
@@ -115,7 +115,7 @@ class StateCodec:
 
 
 def restore(state: TrainState, restored: dict[str, Any]) -> None:
-    """Put a snapshot decoded with ``live=tensor_leaves(native_state(state))`` into ``state``. The model's tensors
+    """Put a snapshot decoded with ``live=tensor_leaves(snapshot_state(state))`` into ``state``. The model's tensors
     were read in place: ``load_state_dict``, which would copy each onto itself, runs only if one of them is not a
     parameter's or buffer's own memory. The optimizer adopts its tensors (same dtype and device: no copy)."""
     owned = {t.data_ptr() for t in (*state.model.parameters(), *state.model.buffers())}

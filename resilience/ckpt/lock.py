@@ -43,6 +43,20 @@ class DirectoryLock:
         os.fsync(fd)
         self._fd = fd
 
+    def holder(self) -> str | None:
+        """Who holds the lock now (None: nobody), without taking it or creating anything."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return self.path.read_text().strip() or "unknown"
+        finally:
+            os.close(fd)  # also drops the lock if we just took it
+        return None
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock

@@ -65,7 +65,7 @@ def reconcile(state: TrainState, position: int | None, device: torch.device) -> 
     return Reconciled(best, source, rank in behind, nbytes)
 
 
-def native_state(state: TrainState) -> dict[str, Any]:
+def replica_state(state: TrainState) -> dict[str, Any]:
     """The model's and the optimizer's own state dicts: all a replica needs, and cheaper than DCP's form (no
     torch.distributed.checkpoint import, which would add ~0.5 s to a replacement's start)."""
     return {"model": _bare(state).state_dict(), "optim": state.optimizer.state_dict()}
@@ -78,7 +78,7 @@ def _bare(state: TrainState) -> torch.nn.Module:
 def send_state(state: TrainState, dst: int, device: torch.device) -> int:
     """Send the model and optimizer state to rank ``dst``; return the bytes sent."""
     tensors: dict[str, torch.Tensor] = {}
-    skeleton = _hollow(native_state(state), tensors)
+    skeleton = _hollow(replica_state(state), tensors)
     dist.send_object_list([skeleton], dst=dst, device=device)
     for t in tensors.values():
         dist.send(t.detach().to(device).contiguous(), dst=dst)
@@ -94,7 +94,7 @@ def recv_state(state: TrainState, src: int, device: torch.device) -> int:
     box: list[Any] = [None]
     dist.recv_object_list(box, src=src, device=device)
     own: dict[str, torch.Tensor] = {}
-    _hollow(native_state(state), own)
+    _hollow(replica_state(state), own)
     nbytes = 0
 
     def fill(slot: _Slot) -> torch.Tensor:

@@ -16,8 +16,9 @@ from typing import Any, Mapping
 import hydra
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from resilience.command_line import CommandLineError, compose_checked
 from resilience.projection import plots, sweeps
 from resilience.projection.measured import fit_strategies, read_measured
 from resilience.projection.outputs import write_csv, write_png
@@ -137,3 +138,21 @@ def main(cfg: DictConfig) -> None:
         print(err, file=sys.stderr)
         sys.exit(2)
     print(result.summary)
+
+
+def precheck(argv: list[str]) -> None:
+    """The whole validation of a command line, before Hydra creates anything; raises on the first bad value."""
+    composed = compose_checked(CONF_DIR, "projection", argv)
+    with open_dict(composed):
+        del composed["hydra"]
+    load(OmegaConf.to_container(composed, resolve=True), Path.cwd())
+
+
+def cli() -> None:
+    """``python -m resilience.projection``: the command line checked first (one line, exit 2, nothing created)."""
+    try:
+        precheck(sys.argv[1:])
+    except (CommandLineError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    main()

@@ -3,8 +3,8 @@
 ``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs a small set of real experiments
 (gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate),
 measures every cost from each run's ``events.jsonl``, predicts the run's goodput and writes ``parity.csv`` and
-``parity.png`` (predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its assumptions
-are in docs/projection.md, "Validation against measured runs".
+``parity.png`` (predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its
+assumptions are in docs/projection.md, "Validation against measured runs".
 
 Both sides use the definition of ``resilience/record/metrics.py``: goodput = (sum of the durations of the steps that
 survived, each step once) / (wall time from the supervisor's ``launch`` to ``supervisor_end``). The prediction
@@ -179,19 +179,38 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     rank0 = [e for e in events if e["rank"] == 0]
     step_ends = [e for e in rank0 if e["kind"] == "step_end"]
     begin = {id(e): e["t_mono"] - e["duration_s"] for e in step_ends}  # when the step's loop iteration began
+    recoveries, lost, faults = _fault_costs(events, rank0, step_ends, begin)
+    final = [e for e in step_ends if e["attempt"] == result["attempts"] - 1]
+    return {
+        "run": run_dir.name, "every": every, "steps": steps, "seed": result["seed"],
+        **_step_costs(step_ends, begin, every),
+        "stall_metric_s": result["ckpt_stall_s"] or 0.0,
+        "startup_s": begin[id(step_ends[0])] - launch["t_mono"],
+        "teardown_s": end["t_mono"] - final[-1]["t_mono"],
+        "recoveries_s": recoveries, "faults": faults, "lost_steps": lost,
+        "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"],
+    }
 
+
+def _step_costs(step_ends: list[dict], begin: dict[int, float], every: int) -> dict[str, float]:
+    """Productive step time (each step once: a replayed step overwrites the lost one, as in metrics' goodput), the
+    wall time from one loop start to the next, and the checkpoint stall (the extra of a gap with a checkpoint)."""
     last: dict[int, float] = {}
     for e in step_ends:
-        last[e["step"]] = e["duration_s"]  # a replayed step overwrites the lost one, as in metrics._goodput
-    step_s = sum(last.values()) / len(last)
-
+        last[e["step"]] = e["duration_s"]
     plain, ckpt_gaps = [], []  # loop-start to loop-start, without and with a checkpoint in between
     for a, b in zip(step_ends, step_ends[1:]):
         if a["attempt"] == b["attempt"] and b["step"] == a["step"] + 1:
             (ckpt_gaps if a["step"] % every == 0 else plain).append(begin[id(b)] - begin[id(a)])
     step_wall_s = float(np.mean(plain))
-    stall_s = float(np.mean(ckpt_gaps)) - step_wall_s if ckpt_gaps else 0.0
+    return {"step_s": sum(last.values()) / len(last), "step_wall_s": step_wall_s,
+            "stall_s": float(np.mean(ckpt_gaps)) - step_wall_s if ckpt_gaps else 0.0}
 
+
+def _fault_costs(events: list[dict], rank0: list[dict], step_ends: list[dict],
+                 begin: dict[int, float]) -> tuple[list[float], list[int], int]:
+    """Per injected fault: the recovery (fault to the next attempt's first loop start) and the steps lost (the
+    fault's step minus the step loaded); and how many faults fired."""
     faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
     recoveries, lost = [], []
     for f in faults:
@@ -200,16 +219,7 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
         if nxt:
             recoveries.append(begin[id(nxt[0])] - f["t_mono"])
         lost.append(f["step"] - (loaded[0]["step"] if loaded else 0))
-    final = [e for e in step_ends if e["attempt"] == result["attempts"] - 1]
-    return {
-        "run": run_dir.name, "every": every, "steps": steps, "seed": result["seed"],
-        "step_s": step_s, "step_wall_s": step_wall_s, "stall_s": stall_s,
-        "stall_metric_s": result["ckpt_stall_s"] or 0.0,
-        "startup_s": begin[id(step_ends[0])] - launch["t_mono"],
-        "teardown_s": end["t_mono"] - final[-1]["t_mono"],
-        "recoveries_s": recoveries, "faults": len(faults), "lost_steps": lost,
-        "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"],
-    }
+    return recoveries, lost, len(faults)
 
 
 def costs_of(m: dict[str, Any], recovery_s: float) -> RunCosts:

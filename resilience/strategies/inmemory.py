@@ -30,7 +30,7 @@ from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.workloads.base import Workload
 from resilience.ckpt import node_memory, shm_store
-from resilience.ckpt.codec import StateCodec, TensorRef, native_state, restore, tensor_leaves
+from resilience.ckpt.codec import StateCodec, TensorRef, snapshot_state, restore, tensor_leaves
 from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import ALIGN, Area, SlotInfo
 from resilience.strategies.sync import SyncCheckpoint
@@ -109,7 +109,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
     def _capacity(self, state: TrainState) -> int:
         """Slot size ``state``'s snapshots need. An optimizer that creates its state at its first step is assumed
         to hold two tensors and a step per parameter, like Adam (a snapshot that needs more grows the area)."""
-        data, meta, _ = self.codec.encode(native_state(state), crc=False)  # the layout only: nothing is copied
+        data, meta, _ = self.codec.encode(snapshot_state(state), crc=False)  # the layout only: nothing is copied
         if not state.optimizer.state:
             params = [p for p in state.model.parameters() if p.requires_grad]
             data += sum(2 * -(-p.numel() * p.element_size() // ALIGN) * ALIGN + ALIGN for p in params)
@@ -123,7 +123,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
     def _save(self, step: int, state: TrainState) -> None:
         rt, t0 = self.rt, time.monotonic()
         try:
-            data_len, meta, fill = self.codec.encode(native_state(state), crc=self.verify)
+            data_len, meta, fill = self.codec.encode(snapshot_state(state), crc=self.verify)
             need = data_len + ALIGN + len(meta)
             own = self._area("own", need)
             info = own.write(step, rt.attempt, data_len, meta, fill,
@@ -166,21 +166,17 @@ class InMemoryCheckpoint(SyncCheckpoint):
 
     # ---- load -------------------------------------------------------------------------------------------------
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        """The ranks agree on the newest step every one of them can reach in memory; if no disk checkpoint is newer,
+        all read it from memory, else (or if a read fails its check on any rank) all fall back to the disk."""
         rt, t0 = self.rt, time.monotonic()
         self.memory.revive(self.node)  # a new attempt: this node is back, with whatever its memory still holds
         own, peer = Area.open(self.own_path), Area.open(self.peer_path) if self.peer_path else None
-        state_dirty = False
         try:
-            bound = rt.load_max_step
-            reach = {s.step: "peer_memory" for s in (peer.slots() if peer else []) if bound is None or s.step <= bound}
-            reach.update({s.step: "memory" for s in (own.slots() if own else []) if bound is None or s.step <= bound})
-            newest_disk = self.dirs.newest_committed(bound) if rt.rank == 0 else None
-            views: list[Any] = [None] * rt.world_size
-            dist.all_gather_object(views, {"steps": sorted(reach), "disk": newest_disk.step if newest_disk else None})
-            common = set.intersection(*(set(v["steps"]) for v in views))
-            disk_step = views[0]["disk"]
-            if common and (disk_step is None or max(common) >= disk_step):
-                step, t_agreed = max(common), time.monotonic()
+            reach = self._reachable(own, peer)
+            views = self._views(reach)
+            step, reason = self._memory_step(views)
+            if step is not None:
+                t_agreed = time.monotonic()
                 loaded = self._load_memory(state, step, own, peer)
                 if loaded is not None:
                     self._drop_newer(step, own, peer)
@@ -189,24 +185,49 @@ class InMemoryCheckpoint(SyncCheckpoint):
                                    read_s=self._read_s, restore_s=time.monotonic() - t_agreed - self._read_s)
                     return loaded
                 reason = f"the snapshot of step {step} failed its CRC32 check on some rank"
-                state_dirty = True
-            elif common:
-                reason = f"disk checkpoint of step {disk_step} is newer than memory's step {max(common)}"
-            else:
-                missing = [r for r, v in enumerate(views) if not v["steps"]]
-                reason = (f"no snapshot in memory on rank(s) {missing}" if missing
-                          else "no step is held in memory by every rank")
-            if any(v["steps"] for v in views) or disk_step is not None:  # there was something to recover
-                rt.events.emit("ckpt_memory_fallback", reason=reason, memory_steps=sorted(reach), fsync=True)
-            loaded = super()._load(state)
-            if loaded is None and state_dirty:  # partly overwritten by the failed read, and nothing to restore
-                raise RuntimeError(f"in-memory snapshot of step {step} is corrupt and there is no disk checkpoint")
-            self._drop_newer(loaded[0] if loaded else 0, own, peer)
-            return loaded
+            return self._load_disk(state, reason, reach, views, corrupt_step=step, own=own, peer=peer)
         finally:
             for area in (own, peer):
                 if area is not None:
                     area.close()
+
+    def _reachable(self, own: Area | None, peer: Area | None) -> dict[int, str]:
+        """Step -> where this rank holds its snapshot (own memory over the peer copy), within a rollback bound."""
+        bound = self.rt.load_max_step
+        reach = {s.step: "peer_memory" for s in (peer.slots() if peer else []) if bound is None or s.step <= bound}
+        reach.update({s.step: "memory" for s in (own.slots() if own else []) if bound is None or s.step <= bound})
+        return reach
+
+    def _views(self, reach: dict[int, str]) -> list[dict[str, Any]]:
+        """Every rank's reachable steps, and (from rank 0) the newest committed disk checkpoint."""
+        newest_disk = self.dirs.newest_committed(self.rt.load_max_step) if self.rt.rank == 0 else None
+        views: list[Any] = [None] * self.rt.world_size
+        dist.all_gather_object(views, {"steps": sorted(reach), "disk": newest_disk.step if newest_disk else None})
+        return views
+
+    @staticmethod
+    def _memory_step(views: list[dict[str, Any]]) -> tuple[int | None, str | None]:
+        """The step to read from memory, or None and why the disk is used instead."""
+        common = set.intersection(*(set(v["steps"]) for v in views))
+        disk_step = views[0]["disk"]
+        if common and (disk_step is None or max(common) >= disk_step):
+            return max(common), None
+        if common:
+            return None, f"disk checkpoint of step {disk_step} is newer than memory's step {max(common)}"
+        missing = [r for r, v in enumerate(views) if not v["steps"]]
+        return None, (f"no snapshot in memory on rank(s) {missing}" if missing
+                      else "no step is held in memory by every rank")
+
+    def _load_disk(self, state: TrainState, reason: str, reach: dict[int, str], views: list[dict[str, Any]],
+                   corrupt_step: int | None, own: Area | None, peer: Area | None) -> tuple[int, str, int] | None:
+        """``sync``'s load, recording why memory was not used when there was something to recover."""
+        if any(v["steps"] for v in views) or views[0]["disk"] is not None:
+            self.rt.events.emit("ckpt_memory_fallback", reason=reason, memory_steps=sorted(reach), fsync=True)
+        loaded = super()._load(state)
+        if loaded is None and corrupt_step is not None:  # partly overwritten by the failed read, nothing to restore
+            raise RuntimeError(f"in-memory snapshot of step {corrupt_step} is corrupt and there is no disk checkpoint")
+        self._drop_newer(loaded[0] if loaded else 0, own, peer)
+        return loaded
 
     def _load_memory(self, state: TrainState, step: int, own: Area | None,
                      peer: Area | None) -> tuple[int, str, int] | None:
@@ -217,7 +238,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
         copies all fail has a half-overwritten state (see ``_load``).
         """
         t0 = time.monotonic()
-        live = tensor_leaves(native_state(state))  # read in place: their pages are already faulted in
+        live = tensor_leaves(snapshot_state(state))  # read in place: their pages are already faulted in
         done = None
         for area, source in ((own, "memory"), (peer, "peer_memory")):
             info = area.find(step) if area is not None else None

@@ -26,71 +26,82 @@ from resilience.rank.spare import SPARE_ENV, assign_key
 from resilience.supervise.supervisor import Supervisor
 
 
-class _Terminated(Exception):
-    """SIGTERM reached the supervisor: stop the ranks, then leave."""
-
-
 class ReplacingSupervisor(Supervisor):
-    """Starts ``world_size`` rank processes and replaces each one that fails, while budget is left."""
+    """Starts ``world_size`` rank processes and replaces each one that fails, while budget is left.
+
+    SIGINT and SIGTERM end the run through the base class (``Interrupted``); the ranks are stopped on every way out.
+    """
 
     mode = "replace_failed"
 
     def _run(self, events: EventLog, observer: Observer) -> str:
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=float(self.cfg.timeouts.collective_s)))
-        store.set(GENERATION_KEY, "0")
-        self._store_at = f"127.0.0.1:{store.port}"
+        self._start_store()
         self._procs: dict[int, subprocess.Popen] = {}
-        self._store = store
         self._spares: list[tuple[int, subprocess.Popen]] = []
         self._spares_started = 0
-        killed: set[int] = set()  # ranks a detector had aborted: their exit is no news
-        generation, left = 0, self.max_restarts
-        interval = float(self.cfg.supervisor.monitor_interval_s)
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._killed: set[int] = set()  # ranks a detector had aborted: their exit is no news
+        self._generation, self._left = 0, self.max_restarts
         try:
             for rank in range(self.world_size):
-                self._spawn(rank, generation)
+                self._spawn(rank, self._generation)
             for _ in range(int(self.cfg.supervisor.spares)):
                 self._spawn_spare()
-            while True:
-                codes = {r: p.poll() for r, p in self._procs.items()}
-                if all(c == 0 for c in codes.values()):
-                    return "succeeded"
-                failed = {r: c for r, c in codes.items() if c not in (None, 0)}
-                if not failed:
-                    for rank in observer.poll():
-                        kill_hard(self._procs[rank].pid)
-                        self._procs[rank].wait()  # gone before the next poll, which must not blame it again
-                        killed.add(rank)
-                    time.sleep(interval)
-                    continue
-                if set(failed) - killed:
-                    observer.exited({r: c for r, c in failed.items() if r not in killed})
-                killed.clear()
-                if left == 0:
-                    say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
-                    return "failed"
-                left -= 1
-                generation += 1
-                events.attempt = generation
-                reset_board(self.run_dir, self.world_size, ranks=sorted(failed))
-                store.set(GENERATION_KEY, str(generation))  # survivors waiting to re-form the group see it now
-                by_spare = [rank for rank in sorted(failed) if self._assign_spare(rank, generation)]
-                for rank in sorted(set(failed) - set(by_spare)):
-                    self._spawn(rank, generation)
-                events.emit("restart", policy=self.policy.name, restart=self.max_restarts - left,
-                            max_restarts=self.max_restarts, ranks=sorted(failed), from_spares=by_spare)
-                say(f"replacing rank(s) {sorted(failed)}{' with warm spares' if by_spare else ''}; the others keep "
-                    f"running (restart {self.max_restarts - left} of {self.max_restarts})")
-                for _ in by_spare:
-                    self._spawn_spare()  # keep the pool full; it gets ready while training goes on
-        except _Terminated:
-            say("terminated: stopping the ranks")
-            return "failed"
+            while (outcome := self._poll_once(events, observer)) is None:
+                pass
+            return outcome
         finally:
-            signal.signal(signal.SIGTERM, previous)
             self._stop_all()
+
+    def _start_store(self) -> None:
+        """The store the ranks form every generation's group on; survivors wait on its generation key."""
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=float(self.cfg.timeouts.collective_s)))
+        self._store.set(GENERATION_KEY, "0")
+        self._store_at = f"127.0.0.1:{self._store.port}"
+
+    def _poll_once(self, events: EventLog, observer: Observer) -> str | None:
+        """One look at the ranks: "succeeded", "failed" (budget spent), or None to look again."""
+        codes = {r: p.poll() for r, p in self._procs.items()}
+        if all(c == 0 for c in codes.values()):
+            return "succeeded"
+        failed = {r: c for r, c in codes.items() if c not in (None, 0)}
+        if not failed:
+            self._abort_hung(observer)
+            time.sleep(float(self.cfg.supervisor.monitor_interval_s))
+            return None
+        if set(failed) - self._killed:
+            observer.exited({r: c for r, c in failed.items() if r not in self._killed})
+        self._killed.clear()
+        if self._left == 0:
+            say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
+            return "failed"
+        self._replace(sorted(failed), events)
+        return None
+
+    def _abort_hung(self, observer: Observer) -> None:
+        """Kill the ranks a supervisor-side detector says to abort (a hang); their exit is then no news."""
+        for rank in observer.poll():
+            kill_hard(self._procs[rank].pid)
+            self._procs[rank].wait()  # gone before the next poll, which must not blame it again
+            self._killed.add(rank)
+
+    def _replace(self, failed: list[int], events: EventLog) -> None:
+        """Open the next generation and start (or hand a warm spare) each failed rank; the survivors keep running."""
+        self._left -= 1
+        self._generation += 1
+        generation = events.attempt = self._generation
+        reset_board(self.run_dir, self.world_size, ranks=failed)
+        self._store.set(GENERATION_KEY, str(generation))  # survivors waiting to re-form the group see it now
+        by_spare = [rank for rank in failed if self._assign_spare(rank, generation)]
+        for rank in sorted(set(failed) - set(by_spare)):
+            self._spawn(rank, generation)
+        used = self.max_restarts - self._left
+        events.emit("restart", policy=self.policy.name, restart=used, max_restarts=self.max_restarts, ranks=failed,
+                    from_spares=by_spare)
+        say(f"replacing rank(s) {failed}{' with warm spares' if by_spare else ''}; the others keep "
+            f"running (restart {used} of {self.max_restarts})")
+        for _ in by_spare:
+            self._spawn_spare()  # keep the pool full; it gets ready while training goes on
 
     def _spawn(self, rank: int, generation: int) -> None:
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(self.world_size),
@@ -130,6 +141,3 @@ class ReplacingSupervisor(Supervisor):
             except subprocess.TimeoutExpired:
                 kill_hard(p.pid)
                 p.wait()
-
-    def _on_sigterm(self, signum, frame) -> None:
-        raise _Terminated()
