@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(if $(strip $(TORCH_INDEX)),$(PY) -m pip install --quiet torch==2.13.0 --index-url $(strip $(TORCH_INDEX)))
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,peers]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -145,8 +145,9 @@ class BitFlip(Injector):
                 self._flip(index, f"{self._layer_name}.output", output, element)
 
     def _flip_checkpoint(self, index: int, rng: random.Random) -> None:
-        entry = CheckpointDir(self.rt.ckpt_dir).newest_committed()
-        files = sorted(p for p in entry.path.iterdir() if p.suffix == ".distcp")
+        dirs = CheckpointDir(self.rt.ckpt_dir)
+        entry = dirs.newest_committed()
+        files = dirs.data_files(entry)
         path = files[rng.randrange(len(files))]
         offset = rng.randrange(path.stat().st_size)
         bits = sorted(rng.sample(range(8), min(self.nbits, 8)))

@@ -21,7 +21,7 @@ from typing import Any
 from injectors.base import Injector
 from injectors.kill import die
 from resilience.checks import require_choice
-from resilience.ckpt.commit import COMMIT_MARKER, CheckpointDir
+from resilience.ckpt.commit import COMMIT_MARKER, METADATA_FILES, CheckpointDir, CheckpointEntry
 
 HOW = ("flip", "truncate", "delete_data", "delete_metadata", "garble_commit")
 
@@ -47,8 +47,8 @@ class CkptDamage(Injector):
         if self.how == "garble_commit":
             return path / COMMIT_MARKER
         if self.how == "delete_metadata":
-            return path / ".metadata"
-        return sorted(path.glob("*.distcp"))[0]
+            return next((path / m for m in METADATA_FILES if (path / m).exists()), path / METADATA_FILES[0])
+        return CheckpointDir(self.rt.ckpt_dir).data_files(CheckpointEntry(0, path, True))[0]
 
     def _act(self, step: int) -> None:
         entry = CheckpointDir(self.rt.ckpt_dir).newest_committed()

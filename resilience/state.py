@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,20 @@ def state_sha256(sd: dict[str, Any]) -> str:
         else:
             h.update(json.dumps(value, sort_keys=True, default=str).encode())
     return h.hexdigest()
+
+
+def state_crc32(sd: dict[str, Any]) -> int:
+    """CRC32 over every tensor's bytes and every scalar, in sorted-key order: a fast fingerprint (about 1 GB/s)
+    that a state loaded back must reproduce exactly."""
+    crc = 0
+    for key, value in sorted(_flatten(sd)):
+        crc = zlib.crc32(key.encode(), crc)
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            crc = zlib.crc32(t.reshape(-1).view(torch.uint8).numpy(), crc)
+        else:
+            crc = zlib.crc32(json.dumps(value, sort_keys=True, default=str).encode(), crc)
+    return crc
 
 
 def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:

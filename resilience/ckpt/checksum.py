@@ -70,7 +70,10 @@ def collect_checksums(directory: Path) -> dict[str, int]:
     sums: dict[str, int] = {}
     for sidecar in sorted(Path(directory).glob(SIDECAR_GLOB)):
         sums.update(json.loads(sidecar.read_text()))
-    for f in Path(directory).iterdir():
-        if f.is_file() and not f.name.startswith(".crc-") and f.name not in sums:
-            sums[f.name] = file_crc32(f)  # DCP's .metadata, written after the ranks' write phase
+    for f in sorted(Path(directory).rglob("*")):
+        name = f.relative_to(directory).as_posix()
+        if f.is_file() and not f.name.startswith(".crc-") and name not in sums:
+            # DCP's .metadata, written after the ranks' write phase, and the files of a library that does its own
+            # I/O: read back once, in the background persist
+            sums[name] = file_crc32(f)
     return sums

@@ -24,6 +24,7 @@ from resilience.identity import RunIdentity
 from resilience.record.fsio import atomic_write_json, fsync_dir
 
 COMMIT_MARKER = "COMMIT.json"
+METADATA_FILES = (".metadata", ".snapshot_metadata")  # DCP's and torchsnapshot's index of a checkpoint
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -66,6 +67,14 @@ class CheckpointDir:
     def incomplete_after(self, step: int) -> list[CheckpointEntry]:
         """Uncommitted checkpoints newer than ``step``: saves that a crash interrupted."""
         return [e for e in self.entries() if not e.committed and e.step > step]
+
+    def data_files(self, entry: CheckpointEntry) -> list[Path]:
+        """The files that hold tensor bytes: DCP's ``*.distcp`` shards, or else every file of the commit record
+        but a library's metadata (what a checkpoint fault damages)."""
+        shards = sorted(entry.path.glob("*.distcp"))
+        if shards:
+            return shards
+        return [entry.path / name for name in sorted(self.manifest(entry)["files"]) if name not in METADATA_FILES]
 
     def size(self, entry: CheckpointEntry) -> int:
         """Bytes of a committed checkpoint's files, as its manifest lists them."""
@@ -110,14 +119,16 @@ class CheckpointDir:
         """Make the checkpoint of ``step`` durable and visible; return its size in bytes."""
         path = self.path_for(step)
         crc32 = collect_checksums(path)
-        files = {f.name: f.stat().st_size for f in sorted(path.iterdir())
-                 if f.is_file() and not f.name.startswith(".crc-")}
-        for name in files:  # DCP fsyncs its data files; the metadata and the directory entries need it too
+        files = {f.relative_to(path).as_posix(): f.stat().st_size for f in sorted(path.rglob("*"))
+                 if f.is_file() and not f.name.startswith(".crc-")}  # a library may write sub-directories
+        for name in files:  # DCP fsyncs its data files; the metadata, a library's files and the entries need it
             fd = os.open(path / name, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        for sub in sorted({(path / name).parent for name in files}, reverse=True):
+            fsync_dir(sub)
         fsync_dir(path)
         record = {"step": step, "files": files, "crc32": {k: v for k, v in crc32.items() if k in files}}
         if self.owner is not None:

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Callable
 
+from resilience.orphans import kill_children
+
 POLL_S = 0.2
 
 
@@ -26,6 +28,7 @@ def die_with_parent(clean_up: Callable[[], None]) -> None:
         while os.getppid() == parent:
             time.sleep(POLL_S)
         try:
+            kill_children()  # a library's worker processes would outlive this rank
             clean_up()
         finally:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -56,10 +56,20 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "step_time_s": _median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
     }
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
+    result.update(_peer(events))
     hashes = {e["final_state_sha256"] for e in run_ends}
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
     result["replicas_agree"] = len(hashes) == 1 if hashes else None
     return result
+
+
+def _peer(events: list[dict]) -> dict[str, Any]:
+    """The checkpointing library a peer strategy ran (name, version, settings) and the workarounds applied to it."""
+    peer = _first(events, "peer_library")
+    if peer is None:
+        return {"peer": None, "peer_patches": []}
+    return {"peer": {"library": peer["library"], "version": peer["version"], "settings": peer.get("settings", {})},
+            "peer_patches": [p["name"] for p in peer["patches"]]}
 
 
 def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> str:

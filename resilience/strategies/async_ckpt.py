@@ -21,7 +21,7 @@ import threading
 import time
 from concurrent.futures import Future
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -124,6 +124,21 @@ class BackgroundCheckpoint(SyncCheckpoint):
 
     def _start(self, step: int, state: TrainState) -> Future:
         raise NotImplementedError
+
+    def _commit_when_written(self, step: int, written: Callable[[], None]) -> Future:
+        """The persist of a library that writes by itself: a thread waits until ``written()`` returns (this rank's
+        files are on disk), fires ``during_checkpoint``, waits for every rank, then rank 0 commits."""
+        rt, done = self.rt, Future()
+
+        def work() -> None:
+            written()
+            rt.fault_hook("during_checkpoint", step)
+            dist.barrier(group=self.group)
+            commit_checkpoint(rt, self.dirs, step, self.keep)
+
+        threading.Thread(target=self._run_persist, args=(step, done, work), name=f"persist-{step}",
+                         daemon=True).start()  # daemon: a dying rank must not wait for its writer
+        return done
 
     def _run_persist(self, step: int, done: Future, work) -> None:
         """Run ``work()`` and settle ``done`` with its outcome; failures are recorded when they happen."""

@@ -67,8 +67,8 @@ class SyncCheckpoint(CheckpointStrategy):
                 rt.events.emit("ckpt_pruned", step=pruned)
         rt.events.emit("ckpt_stall_end", step=step)
 
-    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
-        # Rank 0 chooses and everyone follows: all ranks must restore the same step.
+    def agreed_entry(self) -> CheckpointEntry | None:
+        """The checkpoint every rank loads: rank 0 chooses and everyone follows (all must restore the same step)."""
         choice = [None]
         if self.rt.rank == 0:
             entry = self.choose()
@@ -76,7 +76,12 @@ class SyncCheckpoint(CheckpointStrategy):
         dist.broadcast_object_list(choice, src=0)
         if choice[0] is None:
             return None
-        entry = next(e for e in self.dirs.entries() if e.step == choice[0] and e.committed)
+        return next(e for e in self.dirs.entries() if e.step == choice[0] and e.committed)
+
+    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        entry = self.agreed_entry()
+        if entry is None:
+            return None
         sd = state.state_dict()
         reader = FileSystemReader(entry.path)
         if self.rt.ckpt_fs is not None:

@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
+from resilience.orphans import adopt_orphans, kill_children
 from resilience.record.events import EventLog
 from resilience.record.board import create_board
 from resilience.supervise.observer import Observer, say
@@ -72,6 +73,7 @@ class Supervisor(ABC):
         observer = Observer(events, self.detectors, self.run_dir, self.world_size)
         # torch's elastic agent installs its own handlers while its workers run (raising SignalException, after
         # it stopped them); these cover the rest of the supervisor's life.
+        adopt_orphans()  # what a library starts in a rank becomes ours when the rank dies: killed at the end
         previous = {s: signal.signal(s, _interrupt) for s in STOP_SIGNALS}
         self.interrupted_by: str | None = None
         try:
@@ -86,6 +88,9 @@ class Supervisor(ABC):
             # What the ranks leave on the host for recovery (e.g. in-memory snapshots) is the supervisor's to
             # remove: the ranks cannot, since they may die; it goes whatever the outcome.
             self.strategy.clean_up_run(self.run_dir)
+            left = kill_children()
+            if left:  # a finding about the library that started them: recorded, not hidden
+                events.emit("orphans_killed", processes=sorted(left.values()))
         events.emit("supervisor_end", outcome=outcome, signal=self.interrupted_by, fsync=True)
         events.close()
         return outcome

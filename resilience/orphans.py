@@ -1,0 +1,70 @@
+"""Processes that a library starts inside a rank (a checkpoint worker, a daemon, a resource tracker) end with the run.
+
+When a rank dies, its own children are reparented. The supervisor declares itself their *subreaper*
+(``PR_SET_CHILD_SUBREAPER``), so that they become its children rather than init's; when the run ends it kills every
+child it still has (its ranks are stopped by then) and records what they were. A rank whose supervisor died kills
+its children before it goes (``resilience.rank.orphan``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def adopt_orphans() -> bool:
+    """Make this process the subreaper of its descendants; False where the kernel refuses (not Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children(pid: int | None = None) -> dict[int, str]:
+    """Live (non-zombie) children of ``pid`` (default: this process) and their command lines."""
+    pid = os.getpid() if pid is None else pid
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace").strip()[:200]
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def kill_children(tracker_grace_s: float = 3.0) -> dict[int, str]:
+    """SIGKILL every live child of this process and reap it; what they were (pid -> command line).
+
+    A multiprocessing resource tracker goes last: once the processes that used it are gone it unlinks what they
+    left (named semaphores in ``/dev/shm``) and exits by itself; killed with them, it would leak those."""
+    found = children()
+    trackers = {pid for pid, cmd in found.items() if "resource_tracker" in cmd}
+    _kill_and_reap(set(found) - trackers)
+    deadline = time.monotonic() + tracker_grace_s
+    while trackers & set(children()) and time.monotonic() < deadline:
+        for pid in trackers:  # reap those that exited
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    _kill_and_reap(trackers & set(children()))
+    return found
+
+
+def _kill_and_reap(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)

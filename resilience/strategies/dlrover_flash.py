@@ -1,0 +1,207 @@
+"""DLRover Flash Checkpoint (``dlrover.trainer.torch.flash_checkpoint.ddp.DdpCheckpointer``) as a strategy.
+
+Every checkpoint goes to shared memory (``StorageType.MEMORY``, a copy by the node's first rank into a segment that
+a saver process holds); every ``persist_every``-th one also to disk (``StorageType.DISK``: the saver writes the
+segment to ``step_<n>/rank_0.pt`` in the background and records the step in ``dlrover_latest.txt``). Launched by
+our supervisor, not ``dlrover-run``, the library starts that saver itself, as a child of the node's first rank.
+
+Load: the library's own ``load_checkpoint``, which prefers the shared-memory copy when one survived the crash and
+reads the newest disk checkpoint otherwise. Both are verified here as every load is: the disk checkpoint by our
+commit record (sizes, CRC32s, this run's identity) before the library reads it; the loaded state by the CRC32
+fingerprint taken of the same state when it was saved (``ckpt_fingerprint`` event; its time is in the stall and
+reported as ``fingerprint_s``). A state that does not match is rejected and the disk checkpoint loaded instead.
+
+Workaround (``strategy.patches``): ``clone_loaded_state``: a state loaded from shared memory holds tensors that
+alias the library's segment (seen on torch 2.13, DLRover 0.6.1), which the next memory save overwrites in place;
+the patch copies what was loaded. ``patches=none`` runs the library as shipped.
+
+Leftovers scoped to the run (``TORCHELASTIC_RUN_ID``, recorded in ``dlrover_run_id``): the shared-memory segments
+``/dev/shm/<run id>_*`` and the socket directory ``<tmp>/ckpt_sock/<run id>``; ``clean_up_run`` removes them, and
+the supervisor kills the saver process once the run ends (``resilience.orphans``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from resilience.checks import require_int
+from resilience.record.fsio import atomic_write_json
+from resilience.state import TrainState, state_crc32
+from resilience.strategies.async_ckpt import BackgroundCheckpoint
+from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
+
+RUN_ID_FILE = "dlrover_run_id"
+FINGERPRINTS = "fingerprints.json"  # in the checkpoint directory: {step: CRC32 of the saved state}
+FINGERPRINTS_KEPT = 8
+TRACKER = "dlrover_latest.txt"
+POLL_S = 0.05
+
+def _saver_by_forkserver() -> None:
+    """The saver process is started from a copy of the rank's own Python (``fork``); forked from a rank whose
+    threads (the heartbeat, the event log, gloo) may hold a lock at that moment, it can hang before serving its
+    sockets. Started by ``forkserver`` it begins from a clean interpreter."""
+    import multiprocessing
+
+    import dlrover.trainer.torch.flash_checkpoint.engine as engine
+
+    engine.Process = multiprocessing.get_context("forkserver").Process
+
+
+PATCHES = (
+    Patch("clone_loaded_state", "a state loaded from shared memory aliases the library's segment, which the next "
+          "memory save overwrites", lambda: True, lambda: None),
+    Patch("saver_by_forkserver", "the saver process forked from a multi-threaded rank can hang before it serves its "
+          "sockets (the rank waits 60 s and fails)", lambda: True, _saver_by_forkserver),
+)
+
+
+class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
+
+    library = PeerLibrary("dlrover.trainer.torch.flash_checkpoint.ddp", "dlrover", extra="dlrover")
+    known_patches = PATCHES
+
+    def __init__(self, every: int, keep: int, persist_every: int = 2, timeout_s: float = 60.0,
+                 patches: str | list[str] = "all") -> None:
+        super().__init__(every, keep, "wait", timeout_s)
+        self.persist_every = require_int("strategy.persist_every", persist_every, 1)
+        self.choose_patches(patches)
+        self._fingerprints: dict[str, int] = {}
+
+    def attach(self, rt) -> None:
+        super().attach(rt)
+        lib = self.library.load()
+        self.applied = self.applied_patches()
+        self.declare(self.applied, persist_every=self.persist_every, launcher="resilience (standalone saver)")
+        if rt.rank == 0:
+            (rt.run_dir / RUN_ID_FILE).write_text(os.environ.get("TORCHELASTIC_RUN_ID", ""))
+        self.storage_type = lib.StorageType
+        self.checkpointer = lib.DdpCheckpointer(str(rt.ckpt_dir), comm_backend="gloo")
+        self._fingerprints = _read_fingerprints(rt.ckpt_dir)
+
+    def _path(self, step: int) -> Path:
+        return self.dirs.path_for(step) / "rank_0.pt"
+
+    def _save(self, step: int, state: TrainState) -> None:
+        self._reap()
+        persist = (step // self.every) % self.persist_every == 0
+        if persist:
+            self.wait()  # one disk write at a time, inside the stall (as ``when_busy=wait``)
+            if self.rt.rank == 0:
+                self.dirs.prepare(step)
+            dist.barrier()
+        sd = {**state.state_dict(), "step": step}
+        kind = self.storage_type.DISK if persist else self.storage_type.MEMORY
+        t0 = time.monotonic()
+        self.checkpointer.save_checkpoint(step, sd, str(self._path(step)), storage_type=kind)
+        if self.rt.rank == 0:  # the node's first rank copies into the segment (DLRover may skip a busy one)
+            self.rt.events.emit("ckpt_memory_saved", step=step, duration_s=time.monotonic() - t0)
+        t0 = time.monotonic()
+        if self.rt.rank == 0:  # what a load of this step must reproduce (every rank holds the same state)
+            self._fingerprints = {**self._fingerprints, str(step): state_crc32(sd)}
+            self._fingerprints = dict(list(self._fingerprints.items())[-FINGERPRINTS_KEPT:])
+            atomic_write_json(self.rt.ckpt_dir / FINGERPRINTS, self._fingerprints)
+        dist.barrier()  # the fingerprint is on disk before any rank goes on (and may die)
+        self.rt.events.emit("ckpt_stall_end", step=step, fingerprint_s=time.monotonic() - t0, persist=persist)
+        if persist:
+            self._pending = self._persist(step)
+
+    def _persist(self, step: int) -> Future:
+        tracker, deadline = self.rt.ckpt_dir / TRACKER, time.monotonic() + self.timeout_s
+
+        def written() -> None:  # DLRover's saver records the step once the file is on disk
+            while _tracked_step(tracker) != step:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"DLRover's saver did not persist step {step} in {self.timeout_s} s")
+                time.sleep(POLL_S)
+
+        return self._commit_when_written(step, written)
+
+    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        entry = self.agreed_entry()  # the newest disk checkpoint that passes our commit record's check
+        step, sd = self._from_memory()
+        source = "memory"
+        if sd and (entry is not None and step < entry.step or not self._verified(step, sd)):
+            sd = {}
+        if not sd:
+            if entry is None:
+                return None
+            sd, source = self.checkpointer.load_checkpoint(resume_path=str(self._path(entry.step))), "disk"
+            if not self._verified(entry.step, sd):
+                raise RuntimeError(f"step {entry.step}: DLRover loaded a state that differs from the one saved")
+        elif self.applied:
+            sd = _clone(sd)  # clone_loaded_state
+        step = int(sd.pop("step"))
+        state.load_state_dict(sd)
+        return step, source, self.dirs.size(entry) if source == "disk" else 0
+
+    def _from_memory(self) -> tuple[int, dict]:
+        """What the library's ``load_checkpoint`` takes first: the shared-memory copy, if one survived (its
+        engine's own method, so that the source is known; every rank calls it, as the load does)."""
+        step, held = self.checkpointer._engine.get_state_dict_from_memory()
+        if not held:
+            return 0, {}
+        return step, next(iter(held.values()))  # keyed by the path it was saved for, as load_checkpoint unwraps
+
+    def _verified(self, step: int, sd: dict[str, Any]) -> bool:
+        """The state reproduces the fingerprint taken when ``step`` was saved, and lies within a rollback bound;
+        otherwise the rejection is recorded."""
+        bound = self.rt.load_max_step
+        expected = _read_fingerprints(self.rt.ckpt_dir).get(str(step))
+        reason = None
+        if bound is not None and step > bound:
+            reason = f"newer than the rollback bound (step {bound})"
+        elif expected is None:
+            reason = "no fingerprint was recorded for this step"
+        elif state_crc32(sd) != expected:
+            reason = "the loaded state differs from its fingerprint"
+        if reason is not None:
+            self.rt.events.emit("ckpt_rejected", step=step, path="dlrover", reason=reason, fsync=True)
+        return reason is None
+
+    @classmethod
+    def clean_up_run(cls, run_dir: Path) -> None:
+        run_id = (run_dir / RUN_ID_FILE).read_text().strip() if (run_dir / RUN_ID_FILE).exists() else ""
+        if not run_id:
+            return
+        for seg in Path("/dev/shm").glob(f"{run_id}_*"):
+            seg.unlink(missing_ok=True)
+        shutil.rmtree(Path(tempfile.gettempdir()) / "ckpt_sock" / run_id, ignore_errors=True)
+
+    def close(self) -> None:
+        super().close()
+        checkpointer = getattr(self, "checkpointer", None)
+        if checkpointer is not None:
+            checkpointer._engine.close()
+
+
+def _read_fingerprints(ckpt_dir: Path) -> dict[str, int]:
+    try:
+        return json.loads((ckpt_dir / FINGERPRINTS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _tracked_step(tracker: Path) -> int | None:
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _clone(obj: Any) -> Any:
+    if hasattr(obj, "clone"):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    return obj

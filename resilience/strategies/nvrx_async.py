@@ -1,0 +1,147 @@
+"""NVIDIA Resiliency Extension's asynchronous ``torch.save`` (``checkpointing.async_ckpt.TorchAsyncCheckpoint``).
+
+Each rank hands its whole state dict to ``async_save(state_dict, path)``: the tensors are "preloaded" to host
+memory, then a persistent worker process (one per rank, started at the first save, fed through a multiprocessing
+queue) writes them with ``torch.save``. ``finalize_async_save(blocking=True, no_dist=True)`` in the persist thread
+waits for this rank's worker; a barrier on the strategy's gloo group then lets rank 0 commit (COMMIT.json, the
+files read back once for their CRC32s: the library writes none). Loading reads this rank's file back.
+
+Two workarounds are needed on a CPU-only build (``strategy.patches``; both declared in ``result.json``):
+
+- ``cuda_synchronize``: the library calls ``torch.cuda.synchronize()`` unconditionally, which raises without
+  CUDA; with no device there is nothing to synchronise, so it becomes a no-op for the library's modules.
+- ``cpu_staging_copy``: the preload is ``tensor.to("cpu", non_blocking=True)``, which *returns the live tensor
+  itself* when it is already on the CPU, so the worker would serialise parameters that training goes on
+  changing. The patch stages a copy, which is what the preload does for a GPU tensor.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch
+import torch.distributed as dist
+
+from resilience.state import TrainState
+from resilience.strategies.async_ckpt import BackgroundCheckpoint
+from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
+
+_ASYNC = "nvidia_resiliency_ext.checkpointing.async_ckpt"
+
+
+def _no_cuda() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _module(name: str):
+    import importlib
+
+    return importlib.import_module(f"{_ASYNC}.{name}")
+
+
+def _skip_cuda_synchronize() -> None:
+    """Replace ``torch`` in the library's modules by a view whose ``cuda.synchronize`` does nothing."""
+    for name in ("torch_ckpt", "core"):
+        module = _module(name)
+        if not isinstance(module.torch, _TorchWithoutCudaSync):
+            module.torch = _TorchWithoutCudaSync(module.torch)
+
+
+class _TorchWithoutCudaSync:
+    """``torch`` for the library's modules, but ``torch.cuda.synchronize`` is a no-op (there is no device)."""
+
+    def __init__(self, torch_module) -> None:
+        self._torch = torch_module
+        self.cuda = _CudaWithoutSync(torch_module.cuda)
+
+    def __getattr__(self, name: str):
+        return getattr(self._torch, name)
+
+
+class _CudaWithoutSync:
+    def __init__(self, cuda) -> None:
+        self._cuda = cuda
+
+    def synchronize(self, device=None) -> None:
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self._cuda, name)
+
+
+def _stage_cpu_copies() -> None:
+    """The library's preload, with a copy for a tensor already on the CPU (as a GPU tensor gets one)."""
+    torch_ckpt = _module("torch_ckpt")
+    if getattr(torch_ckpt.preload_tensors, "stages_copies", False):
+        return
+    shipped = torch_ckpt.preload_tensors
+
+    def preload_tensors(state_dict, non_blocking=True):
+        staged = shipped(state_dict, non_blocking=non_blocking)
+        return _copy_cpu_tensors(staged)
+
+    preload_tensors.stages_copies = True
+    torch_ckpt.preload_tensors = preload_tensors
+
+
+def _copy_cpu_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone() if obj.device.type == "cpu" else obj
+    if isinstance(obj, dict):
+        return {k: _copy_cpu_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_copy_cpu_tensors(v) for v in obj)
+    return obj
+
+
+PATCHES = (
+    Patch("cuda_synchronize", "torch.cuda.synchronize() is called unconditionally and raises without CUDA",
+          _no_cuda, _skip_cuda_synchronize),
+    Patch("cpu_staging_copy", "the preload returns live CPU tensors, not a staged copy: the worker would save "
+          "parameters that training keeps changing", _no_cuda, _stage_cpu_copies),
+)
+
+
+class NvrxAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
+
+    library = PeerLibrary(_ASYNC, "nvidia-resiliency-ext", extra="nvrx")
+    known_patches = PATCHES
+
+    def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
+                 patches: str | list[str] = "all") -> None:
+        super().__init__(every, keep, when_busy, timeout_s)
+        self.choose_patches(patches)
+        self._saver = None
+
+    def attach(self, rt) -> None:
+        super().attach(rt)
+        self.library.load()
+        self.declare(self.applied_patches(), persistent_queue=True)
+        if self._saver is None:
+            self._saver = _module("torch_ckpt").TorchAsyncCheckpoint(persistent_queue=True)
+
+    def _file(self, step: int):
+        return self.dirs.path_for(step) / f"rank{self.rt.rank}.pt"
+
+    def _start(self, step: int, state: TrainState) -> Future:
+        rt = self.rt
+        if rt.rank == 0:
+            self.dirs.prepare(step)
+        dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
+        self._saver.async_save(state.state_dict(), str(self._file(step)))
+        rt.events.emit("ckpt_stall_end", step=step)
+        return self._commit_when_written(step, lambda: self._saver.finalize_async_save(blocking=True, no_dist=True))
+
+    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        entry = self.agreed_entry()
+        if entry is None:
+            return None
+        sd = torch.load(entry.path / f"rank{self.rt.rank}.pt", map_location="cpu", weights_only=False)
+        state.load_state_dict(sd)
+        return entry.step, "disk", self.dirs.size(entry)
+
+    def close(self) -> None:
+        super().close()
+        if self._saver is not None:
+            self._saver.finalize_async_save(blocking=True, no_dist=True, terminate=True)
+            self._saver = None

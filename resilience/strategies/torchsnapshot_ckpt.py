@@ -1,0 +1,55 @@
+"""torchsnapshot (Meta/PyTorch, 0.1.0) as a strategy: ``Snapshot.async_take`` to save, ``Snapshot.restore`` to load.
+
+The library does its own I/O (fsspec / aiofiles, not DCP's file-system layer) and its own completion: each rank's
+background thread finishes its writes, the ranks meet at a store barrier, rank 0 writes ``.snapshot_metadata``.
+Around that we put what every strategy here has: the step directory, our commit record (COMMIT.json with sizes,
+CRC32s and the run's identity; the library writes no checksums, so rank 0 reads the files back once, in the
+background) and the same choice of the newest good checkpoint at load. DDP's state is the same on every rank, so
+it is declared ``replicated`` (``"**"``), as the library's documentation says for data parallelism: each rank
+writes a share.
+
+``async_take`` returns once the state is staged (the stall); ``wait()`` on the pending snapshot, in the persist
+thread, is when the files are written; the ``during_checkpoint`` hook fires then, before the commit.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch.distributed as dist
+
+from resilience.state import TrainState
+from resilience.strategies.async_ckpt import BackgroundCheckpoint
+from resilience.strategies.peer import PeerLibrary, PeerStrategy
+
+
+class TorchSnapshotCheckpoint(PeerStrategy, BackgroundCheckpoint):
+    option = "torchsnapshot"  # the module cannot be called torchsnapshot.py: it would read as the library
+
+    library = PeerLibrary("torchsnapshot", "torchsnapshot", extra="torchsnapshot")
+
+    def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0) -> None:
+        super().__init__(every, keep, when_busy, timeout_s)
+        self.choose_patches("none")
+
+    def attach(self, rt) -> None:
+        super().attach(rt)
+        self.ts = self.library.load()
+        self.declare([], replicated="**")
+
+    def _start(self, step: int, state: TrainState) -> Future:
+        rt = self.rt
+        if rt.rank == 0:
+            self.dirs.prepare(step)
+        dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
+        pending = self.ts.Snapshot.async_take(str(self.dirs.path_for(step)), {"train": state}, pg=self.group,
+                                              replicated=["**"])
+        rt.events.emit("ckpt_stall_end", step=step)
+        return self._commit_when_written(step, pending.wait)
+
+    def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        entry = self.agreed_entry()
+        if entry is None:
+            return None
+        self.ts.Snapshot(str(entry.path), pg=self.group).restore({"train": state})
+        return entry.step, "disk", self.dirs.size(entry)

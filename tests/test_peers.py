@@ -1,0 +1,141 @@
+"""The checkpointing libraries as strategies: fault-free and killed in the middle of a save, each ends bit-exact
+with the fault-free run, records the library's version and workarounds, and leaves nothing of the library behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from resilience.config import CONF_DIR
+from resilience.record.events import read_events
+from resilience.record.metrics import compute_result
+from resilience.strategies.dlrover_flash import RUN_ID_FILE
+from tests.conftest import run_cli, run_experiment
+
+# (option, its library's module): a row is skipped, naming the extra, only where the library is not installed.
+PEERS = [
+    ("torchsnapshot", "torchsnapshot", "torchsnapshot"),
+    ("nvrx_async", "nvidia_resiliency_ext", "nvrx"),
+    ("dlrover_flash", "dlrover", "dlrover"),
+    ("dcp_async_staged", "torch", ""),
+    ("dcp_async_process", "torch", ""),
+]
+COMMON = ("steps=30", "checkpoint.every=5", "world_size=2", "seed=0", "detector=[process_exit]")
+
+
+def installed(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+def peer_params():
+    return [pytest.param(option, marks=pytest.mark.skipif(
+        not installed(module), reason=f"{module} is not installed: pip install -e '.[{extra}]'"), id=option)
+        for option, module, extra in PEERS]
+
+
+def shm_and_sockets() -> set[str]:
+    """What a library may leave on the host: /dev/shm entries (semaphores, DLRover's segments) and DLRover's socket
+    directories. Our own in-memory areas (``rbmem-*``) are checked per run by ``run_experiment``."""
+    socks = Path(tempfile.gettempdir()) / "ckpt_sock"
+    shm = {str(p) for p in Path("/dev/shm").iterdir() if not p.name.startswith("rbmem-")}
+    return shm | ({str(p) for p in socks.iterdir()} if socks.is_dir() else set())
+
+
+def check_peer_record(result: dict) -> None:
+    assert result["peer"]["library"] and result["peer"]["version"] not in (None, "", "unknown")
+    assert isinstance(result["peer_patches"], list)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("option", peer_params())
+def test_fault_free_run_is_bit_exact_and_declares_the_library(tmp_path, reference, option):
+    before = shm_and_sockets()
+    result = run_experiment(tmp_path / "run", f"strategy={option}", "fault=none", *COMMON)
+    assert result["status"] == "ok" and result["ckpt_count"] >= 2  # on disk (dlrover: every other one)
+    assert result["final_state_sha256"] == reference["final_state_sha256"]
+    check_peer_record(result)
+    assert shm_and_sockets() <= before, "the library left shared memory or sockets behind"
+
+
+def checkpoint_story(run_dir: Path) -> str:
+    """The run's checkpoint events, one per line: what an assertion about a load shows when it fails."""
+    keep = ("ckpt_durable", "ckpt_loaded", "ckpt_rejected", "ckpt_incomplete", "ckpt_failed", "ckpt_skipped",
+            "fault_injected")
+    return "\n".join(f"{e['attempt']} r{e['rank']} {e['kind']} step {e['step']} {e.get('reason', '')}"
+                     for e in read_events(run_dir) if e["kind"] in keep)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("option", peer_params())
+def test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact(tmp_path, reference, option):
+    before = shm_and_sockets()
+    result = run_experiment(tmp_path / "run", f"strategy={option}", "fault=kill", "fault.rank=1",
+                            "fault.at_step=20", "fault.phase=during_checkpoint", *COMMON)
+    assert result["status"] == "ok" and result["recovered"]
+    # The interrupted save of step 20 is passed over for the previous one on disk: step 15, or for DLRover (to
+    # disk every other checkpoint; launched without dlrover-run, its memory copy dies with the ranks) step 10.
+    lost = 10 if option == "dlrover_flash" else 5
+    assert result["lost_steps"] == lost, checkpoint_story(tmp_path / "run")
+    assert result["final_state_sha256"] == reference["final_state_sha256"]
+    check_peer_record(result)
+    assert shm_and_sockets() <= before, "the library left shared memory or sockets behind"
+
+
+def test_a_library_that_is_not_installed_is_refused_in_one_line(monkeypatch):
+    from resilience.strategies.peer import PeerLibrary
+    from resilience.strategies.torchsnapshot_ckpt import TorchSnapshotCheckpoint
+
+    monkeypatch.setattr(TorchSnapshotCheckpoint, "library", PeerLibrary("no_such_module_rb", "no-such", "nosuch"))
+    with pytest.raises(ValueError, match=r"^strategy=torchsnapshot: no-such is not installed .*\.\[nosuch\]"):
+        TorchSnapshotCheckpoint(every=2, keep=2).check_host(None, 2)
+
+
+@pytest.mark.parametrize("value", ["some", ["cuda_synchronize", "nope"], 3])
+def test_patches_setting_is_checked(value):
+    node = OmegaConf.load(CONF_DIR / "strategy" / "nvrx_async.yaml")
+    node.timeout_s = 10
+    node.patches = value
+    with pytest.raises(Exception, match=r"strategy.patches=.*allowed: all, none, or a list of cuda_synchronize"):
+        instantiate(node, every=2, keep=2)
+
+
+def test_bad_patch_name_on_the_command_line_is_one_line_exit_2(tmp_path):
+    done = run_cli("strategy=nvrx_async", "strategy.patches=[nope]", f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: strategy.patches=[nope]")
+    assert not (tmp_path / "run").exists()
+
+
+def test_result_declares_library_version_and_patches():
+    events = [{"kind": "peer_library", "rank": 0, "attempt": 0, "t_mono": 0.0, "step": 0, "library": "lib",
+               "version": "1.2", "settings": {"a": 1}, "patches": [{"name": "p1", "why": "w"}]}]
+    run = {"strategy": "x", "fault": "none", "workload": "w", "seed": 0, "world_size": 2, "steps": 1}
+    result = compute_result(events, run)
+    assert result["peer"] == {"library": "lib", "version": "1.2", "settings": {"a": 1}}
+    assert result["peer_patches"] == ["p1"]
+    assert compute_result([], run)["peer"] is None
+
+
+def test_dlrover_clean_up_removes_only_its_runs_segments_and_sockets(tmp_path):
+    from resilience.strategies.dlrover_flash import DlroverFlashCheckpoint
+
+    run_id = f"rb-test{os.getpid()}"
+    (tmp_path / RUN_ID_FILE).write_text(run_id)
+    mine = [Path("/dev/shm") / f"{run_id}_ckpt_shm_0", Path(tempfile.gettempdir()) / "ckpt_sock" / run_id / "x.sock"]
+    other = Path("/dev/shm") / f"rb-other{os.getpid()}_ckpt_shm_0"
+    for p in (*mine, other):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    try:
+        DlroverFlashCheckpoint.clean_up_run(tmp_path)
+        assert not any(p.exists() for p in mine) and other.exists()
+    finally:
+        other.unlink(missing_ok=True)
