@@ -53,7 +53,8 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
         done = json.loads(path.read_text())
         row: dict[str, Any] = {"cell": cell.name, **{k: done.get(k) for k in JOB_FIELDS},
                                "run_dir": str(path.parent), "is_reference": cell.is_reference,
-                               "reference_cell": cell.reference, **cell.columns()}
+                               "reference_cell": cell.reference, **cell.columns(),
+                               "command": " ".join(["python -m resilience", *done.get("overrides", [])])}
         result_path = path.parent / "result.json"
         if result_path.exists():
             row.update(flatten(json.loads(result_path.read_text())))

@@ -121,7 +121,7 @@ def test_result_declares_library_version_and_patches():
     result = compute_result(events, run)
     assert result["peer"] == {"library": "lib", "version": "1.2", "settings": {"a": 1}}
     assert result["peer_patches"] == ["p1"]
-    assert compute_result([], run)["peer"] is None
+    assert compute_result([], run)["peer"] is None and compute_result([], run)["orphans_killed"] == []
 
 
 def test_dlrover_clean_up_removes_only_its_runs_segments_and_sockets(tmp_path):
@@ -139,3 +139,28 @@ def test_dlrover_clean_up_removes_only_its_runs_segments_and_sockets(tmp_path):
         assert not any(p.exists() for p in mine) and other.exists()
     finally:
         other.unlink(missing_ok=True)
+
+
+def test_report_compares_ours_with_each_library_and_lists_findings_with_their_command():
+    import pandas as pd
+
+    from reports.peers import peers_note, peers_table
+
+    def run(strategy, library, stall, exact, orphans="[]"):
+        return {"cell": f"c-{strategy}", "cell.workload": "w", "cell.strategy": strategy, "state": "ok",
+                "is_reference": False, "peer.library": library, "peer.version": "1" if library else None,
+                "peer_patches": "[]", "ckpt_stall_s": stall, "ckpt_durable_s": 1.0, "recovery_time_s": 2.0,
+                "recovery_load_s": 0.1, "lost_steps": 5, "matches_reference": exact, "orphans_killed": orphans,
+                "command": f"python -m resilience strategy={strategy}"}
+
+    frame = pd.DataFrame([run("sync", None, 1.0, True), run("async", None, 0.1, True),
+                          run("torchsnapshot", "torchsnapshot", 0.2, True),
+                          run("nvrx_async_unstaged", "nvidia-resiliency-ext", 0.4, False, '["worker"]')])
+    table = peers_table(frame).set_index("strategy")
+    assert table.loc["async", "family"] == table.loc["nvrx_async_unstaged", "family"] == "async snapshot + persist"
+    assert table.loc["async", "stall_s_vs_best_library"] == pytest.approx(0.5)  # 0.1 s against torchsnapshot's 0.2 s
+    assert table.loc["torchsnapshot", "stall_s_vs_sync"] == pytest.approx(0.2)
+    assert table.loc["nvrx_async_unstaged", "bit_exact"].startswith("no")
+    note = peers_note(frame)
+    assert "python -m resilience strategy=nvrx_async_unstaged" in note and "left 1 process" in note
+    assert "strategy=torchsnapshot" not in note  # bit-exact and clean: not a finding

@@ -66,10 +66,12 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
 def _peer(events: list[dict]) -> dict[str, Any]:
     """The checkpointing library a peer strategy ran (name, version, settings) and the workarounds applied to it."""
     peer = _first(events, "peer_library")
+    # Processes a library started in a rank that outlived it (the supervisor killed them at the end of the run).
+    orphans = [cmd for e in events if e["kind"] == "orphans_killed" for cmd in e["processes"]]
     if peer is None:
-        return {"peer": None, "peer_patches": []}
+        return {"peer": None, "peer_patches": [], "orphans_killed": orphans}
     return {"peer": {"library": peer["library"], "version": peer["version"], "settings": peer.get("settings", {})},
-            "peer_patches": [p["name"] for p in peer["patches"]]}
+            "peer_patches": [p["name"] for p in peer["patches"]], "orphans_killed": orphans}
 
 
 def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> str:

@@ -1,0 +1,144 @@
+"""Ours against the libraries: for each technique family, our implementation next to each library that a user
+would adopt instead, on the same faults and the same bit-exact check.
+
+One row per (workload, strategy): the library and version (``-`` for ours), the workarounds applied to it, the
+median stall, time to durable, load time and recovery time and lost steps over its runs, whether every run ended
+bit-exact, and ratios to ``sync`` and to the best library of the family on the same workload. The note under the
+figure lists the findings: a library run that is not bit-exact, that failed, or that left processes behind, each
+with the command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+import yaml
+from matplotlib.figure import Figure
+
+from reports.tables import bit_exact, col, order
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# The technique each strategy implements; a strategy not listed (none, replica) is not a checkpointing technique.
+FAMILIES = {
+    "sync": "blocking",
+    "async": "async snapshot + persist", "dcp_async": "async snapshot + persist",
+    "dcp_async_staged": "async snapshot + persist", "dcp_async_process": "async snapshot + persist",
+    "dcp_async_staged_process": "async snapshot + persist", "torchsnapshot": "async snapshot + persist",
+    "nvrx_async": "async snapshot + persist",
+    "inmemory": "in-memory", "dlrover_flash": "in-memory",
+}
+MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",
+            "recovery_s": "recovery_time_s", "lost_steps": "lost_steps"}
+
+
+def family(strategy: str) -> str | None:
+    """The technique family of an option, or of the option it is a variant of (``nvrx_async_unstaged`` names
+    ``nvrx_async`` in its defaults list); None for a strategy that does not checkpoint."""
+    if strategy in FAMILIES:
+        return FAMILIES[strategy]
+    path = CONF_DIR / "strategy" / f"{strategy}.yaml"
+    spec = yaml.safe_load(path.read_text()) if path.is_file() else None
+    bases = [d for d in (spec or {}).get("defaults", []) if isinstance(d, str) and d != "_self_"]
+    return family(bases[0]) if bases else None
+
+
+def checkpointing(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of checkpointing strategies (a family of their own)."""
+    if not len(frame) or "cell.strategy" not in frame:
+        return frame.iloc[0:0]
+    return frame[frame["cell.strategy"].map(lambda s: family(str(s)) is not None)]
+
+
+def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The comparison table (see the module docstring); empty when the matrix ran no checkpointing strategy."""
+    runs = checkpointing(frame)
+    runs = runs[~runs.get("is_reference", pd.Series(False, index=runs.index)).astype(bool)] if len(runs) else runs
+    rows = []
+    for (workload, strategy), group in runs.groupby(["cell.workload", "cell.strategy"], sort=False):
+        library = group.get("peer.library", pd.Series(dtype=object)).dropna()
+        row = {"workload": workload, "family": family(strategy), "strategy": strategy,
+               "library": library.iloc[0] if len(library) else "-",
+               "version": _first(group, "peer.version"), "patches": _patches(group), "runs": len(group),
+               "bit_exact": bit_exact(group)}
+        row.update({name: col(group, source).median() for name, source in MEASURES.items()})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    for measure in ("stall_s", "durable_s", "recovery_s"):
+        table[f"{measure}_vs_sync"] = table.apply(lambda r: _ratio(table, r, measure, strategy="sync"), axis=1)
+        table[f"{measure}_vs_best_library"] = table.apply(lambda r: _ratio(table, r, measure), axis=1)
+    return table
+
+
+def peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
+    table = peers_table(frame)
+    if table.empty:
+        fig, ax = plt.subplots(figsize=(8, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "Ours against the libraries\nno data: the matrix ran no checkpointing strategy",
+                ha="center", va="center")
+        return fig, table
+    long = table.melt(id_vars=["workload", "strategy"], value_vars=["stall_s", "durable_s", "recovery_s"],
+                      var_name="measure", value_name="seconds")
+    workloads = order(table, "workload")
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 0.45 * table["strategy"].nunique() + 2),
+                             squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        sns.barplot(long[long["workload"] == workload], y="strategy", x="seconds", hue="measure", ax=ax,
+                    order=order(table[table["workload"] == workload], "strategy"))
+        ax.set(title=workload, xlabel="seconds (median over runs)", ylabel="")
+        ax.set_xscale("symlog", linthresh=0.01)
+    fig.tight_layout()
+    return fig, table
+
+
+def peers_note(frame: pd.DataFrame) -> str:
+    """The findings about the libraries, each with its reproducer; the workarounds in force."""
+    runs = checkpointing(frame)
+    libraries = runs[runs["peer.library"].notna()] if "peer.library" in runs else runs.iloc[0:0]
+    items = []
+    for _, run in libraries.iterrows():
+        problems = []
+        if run.get("state") != "ok":
+            problems.append(f"ended {run.get('state')}: {run.get('error') or ''}")
+        if run.get("matches_reference") in (False, "False"):
+            problems.append("final state differs from the fault-free run")
+        orphans = json.loads(run.get("orphans_killed") or "[]") if isinstance(run.get("orphans_killed"), str) else []
+        if orphans:
+            problems.append(f"left {len(orphans)} process(es) behind when its rank died (killed by the supervisor)")
+        if problems:
+            items.append(f"<li><b>{html.escape(str(run['cell.strategy']))}</b> ({html.escape(str(run['cell']))}, "
+                         f"patches: {html.escape(_patches(run.to_frame().T) or 'none')}): "
+                         f"{html.escape('; '.join(problems))}<br><code>{html.escape(str(run.get('command', '')))}"
+                         f"</code></li>")
+    found = f"<ul>{''.join(items)}</ul>" if items else "<p>No finding: every library run ended bit-exact.</p>"
+    return f"<p class=\"note\">Findings about the libraries (reproduce each with its command):</p>{found}"
+
+
+def _first(group: pd.DataFrame, column: str) -> str:
+    values = group.get(column, pd.Series(dtype=object)).dropna()
+    return str(values.iloc[0]) if len(values) else "-"
+
+
+def _patches(group: pd.DataFrame) -> str:
+    names = set()
+    for value in group.get("peer_patches", pd.Series(dtype=object)).dropna():
+        names.update(json.loads(value) if isinstance(value, str) else value)
+    return ", ".join(sorted(names))
+
+
+def _ratio(table: pd.DataFrame, row: pd.Series, measure: str, strategy: str | None = None) -> float:
+    """``row``'s measure over sync's (``strategy``) or the best library's of its family, on its workload."""
+    same = table[table["workload"] == row["workload"]]
+    if strategy is not None:
+        base = same.loc[same["strategy"] == strategy, measure]
+    else:
+        base = same.loc[(same["family"] == row["family"]) & (same["library"] != "-"), measure]
+    best = base.min() if len(base) else float("nan")
+    return row[measure] / best if best and best == best and best > 0 else float("nan")
