@@ -49,7 +49,7 @@ def family(strategy: str) -> str | None:
 
 def checkpointing(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of checkpointing strategies (a family of their own)."""
-    if not len(frame) or "cell.strategy" not in frame:
+    if not len(frame) or "cell.strategy" not in frame or "cell.workload" not in frame:
         return frame.iloc[0:0]
     return frame[frame["cell.strategy"].map(lambda s: family(str(s)) is not None)]
 
@@ -58,6 +58,8 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The comparison table (see the module docstring); empty when the matrix ran no checkpointing strategy."""
     runs = checkpointing(frame)
     runs = runs[~runs.get("is_reference", pd.Series(False, index=runs.index)).astype(bool)] if len(runs) else runs
+    if runs.empty:
+        return pd.DataFrame()
     rows = []
     for (workload, strategy), group in runs.groupby(["cell.workload", "cell.strategy"], sort=False):
         library = group.get("peer.library", pd.Series(dtype=object)).dropna()

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from resilience.ckpt.lock import DirectoryInUse, DirectoryLock, holds_checkpoints
-from resilience.command_line import CommandLineError, compose_checked
+from resilience.command_line import MULTIRUN, CommandLineError, compose_checked, jobs_of, only_prints
 from resilience.config import CONF_DIR, ConfigError, check_group_choices, resolve
 from resilience.identity import new_run_id
 from resilience.record.events import EVENTS_FILE
@@ -81,13 +81,23 @@ def check_places(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def precheck(argv: list[str]) -> None:
-    """The whole validation, before Hydra creates anything: compose, resolve, check where the run would go."""
-    composed = compose_checked(CONF_DIR, "config", argv)
-    run_dir = Path(str(composed.hydra.run.dir)).resolve()
-    choices = {k: v for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
-    with open_dict(composed):
-        del composed["hydra"]
-    check_places(resolve(composed, run_dir, choices), run_dir)
+    """The whole validation, before Hydra creates anything: for every job of the command line (one, or each point
+    of a ``--multirun`` sweep), compose, resolve, check where the run would go."""
+    if only_prints(argv):
+        return
+    multirun = any(a in MULTIRUN for a in argv)
+    for num, job in enumerate(jobs_of(argv)):
+        composed = compose_checked(CONF_DIR, "config", job)
+        if multirun:  # Hydra's sweep puts job ``num`` in <sweep.dir>/<sweep.subdir>
+            with open_dict(composed):
+                composed.hydra.job.num = num
+            run_dir = Path(str(composed.hydra.sweep.dir), str(composed.hydra.sweep.subdir)).resolve()
+        else:
+            run_dir = Path(str(composed.hydra.run.dir)).resolve()
+        choices = {k: v for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
+        with open_dict(composed):
+            del composed["hydra"]
+        check_places(resolve(composed, run_dir, choices), run_dir)
 
 
 def own_checkpoint_dir(cfg: DictConfig, run_dir: Path) -> DirectoryLock:

@@ -25,9 +25,52 @@ class CommandLineError(ValueError):
     """An override that cannot be applied; the message is one line naming it and what is allowed."""
 
 
+# Hydra's flags that take a value as the next argument, and those after which it only prints (nothing to check).
+_VALUED = ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun",
+           "--info", "-i")
+_PRINTING = ("-h", "--help", "-hh", "--hydra-help", "-c", "--cfg", "--info", "-i", "-sc", "--shell-completion",
+             "--version", "-p", "--package", "--resolve", "--experimental-rerun")
+MULTIRUN = ("-m", "--multirun")
+
+
 def overrides_of(argv: list[str]) -> list[str]:
-    """The Hydra overrides among the arguments (flags such as ``--multirun`` are Hydra's own)."""
-    return [a for a in argv if not a.startswith("-")]
+    """The Hydra overrides among the arguments (flags such as ``--multirun`` and their values are Hydra's own)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in _VALUED
+        else:
+            out.append(arg)
+    return out
+
+
+def only_prints(argv: list[str]) -> bool:
+    """Hydra only prints something (help, the config, shell completion): no run, nothing to check."""
+    return any(a.split("=")[0] in _PRINTING for a in argv)
+
+
+def jobs_of(argv: list[str]) -> list[list[str]]:
+    """The override list of each job Hydra will run: one, or with ``--multirun`` one per point of the sweep.
+    Without ``--multirun``, a sweep (``strategy=sync,async``) is refused with the flag it needs."""
+    overrides = overrides_of(argv)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise CommandLineError(f"cannot parse the command line: {_first_line(exc)}") from None
+    if any(a in MULTIRUN for a in argv):
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+        try:
+            return BasicSweeper.split_arguments(parsed, None)[0]
+        except HydraException as exc:
+            raise CommandLineError(f"cannot sweep: {_first_line(exc)}") from None
+    sweep = next((ov for ov in parsed if ov.is_sweep_override()), None)
+    if sweep is not None:
+        raise CommandLineError(f"{sweep.input_line}: several values sweep, which needs --multirun (-m); quote a "
+                               f"value that holds a comma ({sweep.key_or_group}='a,b')")
+    return [overrides]
 
 
 def compose_checked(conf_dir: Path, config_name: str, argv: list[str]) -> DictConfig:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from resilience.checks import require_choice, require_int, require_number
 from resilience.roles import build_roles
@@ -48,7 +49,10 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
             continue
         allowed = sorted({p.stem for d in conf_dirs for p in (d / group).glob("*.yaml")})
         value = ov.value()
-        chosen = value if isinstance(value, list) else [value]
+        if ov.is_sweep_override():  # strategy=sync,async: every value of the sweep must be an option
+            chosen = list(ov.sweep_string_iterator())
+        else:
+            chosen = value if isinstance(value, list) else [value]
         for name in chosen:
             if str(name) not in allowed:
                 raise ConfigError(f"{group}={name}: unknown {group}; allowed: {', '.join(allowed)}")
@@ -109,8 +113,21 @@ def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConf
         raise ConfigError(str(exc)) from None
 
 
+def _resolved(cfg: DictConfig) -> DictConfig:
+    """Every interpolation resolved; one that cannot be is one line naming the key and its value as written."""
+    try:
+        return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    except OmegaConfBaseException as exc:
+        key = str(getattr(exc, "full_key", "") or "")
+        shown: Any = OmegaConf.to_container(cfg, resolve=False)
+        for part in key.split(".") if key else ():
+            shown = shown.get(part) if isinstance(shown, dict) else None  # the value as written: ${...}
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise ConfigError(f"{key}={shown}: {reason}" if key else reason) from None
+
+
 def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg = _resolved(cfg)
     _integer(cfg, "seed", 0)
     _integer(cfg, "steps", 1)
     world = _integer(cfg, "world_size", 1)

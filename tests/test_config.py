@@ -66,6 +66,12 @@ BAD = [
     (("checkpoint.dir=/etc/hostname/ckpt",), "checkpoint.dir=/etc/hostname/ckpt", "is a file"),
     (("checkpoint.dir=/proc/ckpt",), "checkpoint.dir=/proc/ckpt", "not writable"),
     (("fault=ckpt_damage", "fault.how=melt"), "fault.how=melt", "garble_commit"),
+    (("strategy=sync,async",), "strategy=sync,async", "needs --multirun"),
+    (("-m", "strategy=sync,nope"), "strategy=nope", "allowed: "),
+    (("-m", "strategy=sync,async", "steps=0"), "steps=0", ">= 1"),
+    (("seed=${nope}",), "seed", "Interpolation key 'nope' not found"),
+    (("strategy=nvrx_async", "strategy.patches=[x]"), "strategy.patches=[x]", "cuda_synchronize"),
+    (("strategy=dcp_async", "strategy.executor=fork"), "strategy.executor=fork", "process"),
 ]
 
 

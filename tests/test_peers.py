@@ -56,7 +56,7 @@ def check_peer_record(result: dict) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("option", peer_params())
+@pytest.mark.parametrize("option", peer_params()[:3])  # DCP's variants: torch's own, covered by the kill test
 def test_fault_free_run_is_bit_exact_and_declares_the_library(tmp_path, reference, option):
     before = shm_and_sockets()
     result = run_experiment(tmp_path / "run", f"strategy={option}", "fault=none", *COMMON)

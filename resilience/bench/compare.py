@@ -172,7 +172,7 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
     (not test assertions)."""
     workload = "dlrm_emb" if any(r["workload"] == "dlrm_emb" for r in rows) else rows[0]["workload"] if rows else ""
     by = {r["strategy"]: r for r in rows if r["workload"] == workload}
-    out = [f"targets, on {workload} (medians of the repeats):"]
+    out: list[str] = []
 
     def check(name: str, ok: bool | None, detail: str) -> None:
         out.append(f"[{'MET' if ok else 'MISSED' if ok is not None else 'n/a'}] {name}: {detail}")
@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
             ref_hash = ref_hash or free.get("final_state_sha256")
             runs += measured[False] + measured[True]
             rows.append(row(workload, strategy, free, killed, ref_hash, limits))
-    report = "\n".join([table(rows), "", *targets(rows, limits), "",
+    report = "\n".join([table(rows), "", f"targets (medians of {args.repeats} run(s) each):",
+                        *targets(rows, limits), "",
                         f"disk write limit {limits['write_GBps']:.2f} GB/s, cold read {limits['read_GBps']:.2f} GB/s, "
                         f"memcpy {limits['memcpy_GBps']:.1f} GB/s, rank start {limits['rank_start_s']:.2f} s, "
                         f"rank-to-rank {limits['p2p_GBps']:.2f} GB/s "
