@@ -82,3 +82,13 @@ def test_comparison_rows_table_and_targets():
     assert verdicts[0].startswith("[MET] async stall <= 5% of sync save time: 0.050 s vs 1.250 s = 4.0%")
     assert verdicts[1].startswith("[MET] async stall <= dcp_async stall")
     assert verdicts[2].startswith("[MET] sync durable write bandwidth >= 70%")
+
+
+def test_compare_finds_the_strategy_options_of_the_repository():
+    """compare reads conf/strategy/ from the repository root (it moved one floor down once and lost it)."""
+    from resilience.bench import compare
+
+    assert compare._saves("sync") and not compare._saves("none") and compare._saves("torchsnapshot")
+    with pytest.raises(SystemExit) as info:
+        compare.main(["--strategies", "nope"])
+    assert info.value.code == 2

@@ -31,7 +31,7 @@ from typing import Any
 from resilience import child
 from resilience.bench.probe import load_limits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: resilience/bench/compare.py
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
 # --peers: the libraries beside ours (docs/peers.md), with the technique family each is compared in.
 PEERS = ("dcp_async_staged", "dcp_async_process", "dcp_async_staged_process", "torchsnapshot", "nvrx_async",

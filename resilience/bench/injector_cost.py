@@ -20,7 +20,7 @@ from injectors.slow_disk import SlowDisk
 from resilience.record.events import EventLog
 from resilience.runtime import RankRuntime
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"  # the repository's conf/
 
 
 def step_time(steps: int = 20) -> float:
