@@ -17,10 +17,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
-import yaml
 from matplotlib.figure import Figure
 
 from reports.tables import bit_exact, col, order
+from resilience.named import base_option
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # The technique each strategy implements; a strategy not listed (none, replica) is not a checkpointing technique.
@@ -37,14 +37,9 @@ MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": 
 
 
 def family(strategy: str) -> str | None:
-    """The technique family of an option, or of the option it is a variant of (``nvrx_async_unstaged`` names
-    ``nvrx_async`` in its defaults list); None for a strategy that does not checkpoint."""
-    if strategy in FAMILIES:
-        return FAMILIES[strategy]
-    path = CONF_DIR / "strategy" / f"{strategy}.yaml"
-    spec = yaml.safe_load(path.read_text()) if path.is_file() else None
-    bases = [d for d in (spec or {}).get("defaults", []) if isinstance(d, str) and d != "_self_"]
-    return family(bases[0]) if bases else None
+    """The technique family of an option, or of the option it is a variant of; None for a strategy that does not
+    checkpoint."""
+    return FAMILIES.get(strategy) or FAMILIES.get(base_option(CONF_DIR / "strategy", strategy))
 
 
 def checkpointing(frame: pd.DataFrame) -> pd.DataFrame:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 
 class Named:
     """``conf/strategy/sync.yaml`` builds a class from ``resilience/strategies/sync.py``: the name is ``sync``.
@@ -12,3 +16,13 @@ class Named:
     @property
     def name(self) -> str:
         return self.option or type(self).__module__.rpartition(".")[2]
+
+
+def base_option(group_dir: Path, option: str) -> str:
+    """The option that ``option`` is a variant of, or ``option`` itself. A variant is a YAML whose defaults list
+    names another option of its group (``dcp_async_staged``: ``dcp_async`` with other settings): the same class,
+    a row of its own in the report."""
+    path = Path(group_dir) / f"{option}.yaml"
+    spec = yaml.safe_load(path.read_text()) if path.is_file() else None
+    bases = [d for d in (spec or {}).get("defaults", []) if isinstance(d, str) and d != "_self_"]
+    return base_option(group_dir, bases[0]) if bases else option

@@ -6,7 +6,6 @@ import ast
 from pathlib import Path
 
 import pytest
-import yaml
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -14,6 +13,7 @@ from omegaconf import OmegaConf
 from injectors.base import Injector
 from resilience.config import CONF_DIR
 from resilience.detectors.base import Detector
+from resilience.named import base_option
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
 from resilience.workloads.base import Workload
@@ -151,8 +151,5 @@ def test_every_option_builds_its_role_under_its_own_name(group, option):
 
 
 def variant_of(group: str, option: str) -> str:
-    """The option that ``option`` is a variant of (its defaults list names a sibling: ``dcp_async_staged`` is
-    ``dcp_async`` with other settings, a row of its own in the report), or ``option`` itself."""
-    spec = yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()) or {}
-    siblings = [d for d in spec.get("defaults", []) if isinstance(d, str) and d != "_self_"]
-    return siblings[0] if siblings else option
+    """The option that ``option`` is a variant of (``dcp_async_staged`` is ``dcp_async`` with other settings)."""
+    return base_option(CONF_DIR / group, option)

@@ -88,7 +88,7 @@ def test_compare_finds_the_strategy_options_of_the_repository():
     """compare reads conf/strategy/ from the repository root (it moved one floor down once and lost it)."""
     from resilience.bench import compare
 
-    assert compare._saves("sync") and not compare._saves("none") and compare._saves("torchsnapshot")
+    assert compare._saves("sync") and not compare._saves("none") and compare._saves("dcp_async_staged")
     with pytest.raises(SystemExit) as info:
         compare.main(["--strategies", "nope"])
     assert info.value.code == 2

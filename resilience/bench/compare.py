@@ -30,6 +30,7 @@ from typing import Any
 
 from resilience import child
 from resilience.bench.probe import load_limits
+from resilience.named import base_option
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: resilience/bench/compare.py
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
@@ -95,7 +96,8 @@ def _saves(strategy: str) -> bool:
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
-    return get_class(OmegaConf.load(ROOT / "conf" / "strategy" / f"{strategy}.yaml")._target_).saves
+    base = base_option(ROOT / "conf" / "strategy", strategy)  # a variant's class is its base option's
+    return get_class(OmegaConf.load(ROOT / "conf" / "strategy" / f"{base}.yaml")._target_).saves
 
 
 def row(workload: str, strategy: str, free: dict, killed: dict, ref_hash: str | None, limits: dict) -> dict:

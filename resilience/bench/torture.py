@@ -28,7 +28,11 @@ from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.events import read_events
 
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory")
-DISK_LOADS = ("sync", "async", "dcp_async")  # inmemory loads from memory; its snapshots carry their own checks
+# The libraries (docs/peers.md), by name with --strategies: each loads through our commit record, so the damage
+# trials apply to them too.
+PEERS = ("dcp_async_staged", "dcp_async_process", "torchsnapshot", "nvrx_async", "dlrover_flash")
+WITHOUT_METADATA = ("nvrx_async", "dlrover_flash")  # one torch.save file per rank: no index to delete
+DISK_LOADS = ("sync", "async", "dcp_async", *PEERS)  # inmemory loads from memory; its snapshots carry own checks
 STEPS, EVERY = 16, 4
 TIMEOUT_S = 300
 
@@ -113,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/torture"))
     args = ap.parse_args(argv)
     strategies = args.strategies.split(",")
-    unknown = sorted(set(strategies) - set(STRATEGIES))
+    unknown = sorted(set(strategies) - set(STRATEGIES) - set(PEERS))
     if unknown or args.trials < 1:
         print(f"error: --strategies={args.strategies} / --trials={args.trials}: strategies from "
-              f"{', '.join(STRATEGIES)}, trials >= 1", file=sys.stderr)
+              f"{', '.join(STRATEGIES + PEERS)}, trials >= 1", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     references = {}
@@ -138,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             trial(tally, args.out / f"{strategy}_kill{i}", [f"strategy={strategy}", *point, *common(world)],
                   references[world])
         for how in HOW if strategy in DISK_LOADS else ():
+            if how == "delete_metadata" and strategy in WITHOUT_METADATA:
+                continue
             world = rng.choice((2, 3))
             point = damage_point(rng, world, how)
             print(f"[{time.monotonic() - t0:6.0f} s] {strategy} damage {how} w{world}: {' '.join(point)}", flush=True)
