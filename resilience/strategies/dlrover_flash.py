@@ -104,6 +104,8 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         self.checkpointer.save_checkpoint(step, sd, str(self._path(step)), storage_type=kind)
         if self.rt.rank == 0:  # the node's first rank copies into the segment (DLRover may skip a busy one)
             self.rt.events.emit("ckpt_memory_saved", step=step, duration_s=time.monotonic() - t0)
+        if not persist:  # the memory copy is made, our record of it not yet: the middle of this save
+            self.rt.fault_hook("during_checkpoint", step)
         t0 = time.monotonic()
         if self.rt.rank == 0:  # what a load of this step must reproduce (every rank holds the same state)
             self._fingerprints = {**self._fingerprints, str(step): state_crc32(sd)}
