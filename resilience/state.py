@@ -50,6 +50,17 @@ def state_sha256(sd: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def map_tensors(fn: Any, obj: Any) -> Any:
+    """``obj`` (nested dicts, lists, tuples) with ``fn`` applied to every tensor in it; other values as they are."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(fn, v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(fn, v) for v in obj)
+    return obj
+
+
 def state_crc32(sd: dict[str, Any]) -> int:
     """CRC32 over every tensor's bytes and every scalar, in sorted-key order: a fast fingerprint (about 1 GB/s)
     that a state loaded back must reproduce exactly."""

@@ -8,8 +8,8 @@ our supervisor, not ``dlrover-run``, the library starts that saver itself, as a 
 Load: the library's own ``load_checkpoint``, which prefers the shared-memory copy when one survived the crash and
 reads the newest disk checkpoint otherwise. Both are verified here as every load is: the disk checkpoint by our
 commit record (sizes, CRC32s, this run's identity) before the library reads it; the loaded state by the CRC32
-fingerprint taken of the same state when it was saved (``ckpt_fingerprint`` event; its time is in the stall and
-reported as ``fingerprint_s``). A state that does not match is rejected and the disk checkpoint loaded instead.
+fingerprint taken of the same state when it was saved (``fingerprints.json`` in the checkpoint directory; its
+time is in the stall and reported as ``fingerprint_s`` of ``ckpt_stall_end``). A state that does not match is rejected and the disk checkpoint loaded instead.
 
 Workaround (``strategy.patches``): ``clone_loaded_state``: a state loaded from shared memory holds tensors that
 alias the library's segment (seen on torch 2.13, DLRover 0.6.1), which the next memory save overwrites in place;
@@ -31,11 +31,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from resilience.checks import require_int
 from resilience.record.fsio import atomic_write_json
-from resilience.state import TrainState, state_crc32
+from resilience.state import TrainState, map_tensors, state_crc32
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
 
@@ -140,7 +141,7 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             if not self._verified(entry.step, sd):
                 raise RuntimeError(f"step {entry.step}: DLRover loaded a state that differs from the one saved")
         elif self.applied:
-            sd = _clone(sd)  # clone_loaded_state
+            sd = map_tensors(torch.Tensor.clone, sd)  # clone_loaded_state
         step = int(sd.pop("step"))
         state.load_state_dict(sd)
         return step, source, self.dirs.size(entry) if source == "disk" else 0
@@ -197,13 +198,3 @@ def _tracked_step(tracker: Path) -> int | None:
         return int(tracker.read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _clone(obj: Any) -> Any:
-    if hasattr(obj, "clone"):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(v) for v in obj)
-    return obj

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 import torch
 import torch.distributed as dist
 
-from resilience.state import TrainState
+from resilience.state import TrainState, map_tensors
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
 
@@ -78,20 +78,10 @@ def _stage_cpu_copies() -> None:
 
     def preload_tensors(state_dict, non_blocking=True):
         staged = shipped(state_dict, non_blocking=non_blocking)
-        return _copy_cpu_tensors(staged)
+        return map_tensors(lambda t: t.detach().clone() if t.device.type == "cpu" else t, staged)
 
     preload_tensors.stages_copies = True
     torch_ckpt.preload_tensors = preload_tensors
-
-
-def _copy_cpu_tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone() if obj.device.type == "cpu" else obj
-    if isinstance(obj, dict):
-        return {k: _copy_cpu_tensors(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_copy_cpu_tensors(v) for v in obj)
-    return obj
 
 
 PATCHES = (
