@@ -59,6 +59,10 @@ def _check_together(cfg: DictConfig, roles: Roles) -> None:
     if spares and not strategy.recovers_in_place:
         raise ValueError(f"supervisor.spares={spares}: only a strategy that recovers in place "
                          f"(strategy=replica) uses spare ranks; set supervisor.spares=0")
+    if cfg.supervisor.launcher != "local" and strategy.agent_service() is not None:
+        raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: strategy={strategy.name} runs part of itself "
+                         f"in the local supervisor across rank restarts (see its option file); use "
+                         f"supervisor.launcher=local")
     if strategy.recovers_in_place:
         if roles.policy.on_silent == "rollback":
             raise ValueError(f"recovery={roles.policy.name}: strategy={strategy.name} keeps no "

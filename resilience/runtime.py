@@ -40,6 +40,22 @@ class NodeMemory(Protocol):
         """Wipe everything node ``node`` holds, as the loss of that machine would."""
 
 
+class AgentService(Protocol):
+    """What a strategy runs in the supervisor process, beside the elastic agent, so that it outlives the ranks
+    (DLRover's checkpoint saver, as ``dlrover-run``'s agent hosts it)."""
+
+    role: str  # the role name the agent gives its workers (their ROLE_NAME); "rank" where nothing reads it
+
+    def start(self, run_id: str) -> None:
+        """Before the first ranks start; ``run_id`` is the rendezvous run id the ranks see as TORCHELASTIC_RUN_ID."""
+
+    def before_restart(self) -> None:
+        """After the failed attempt's ranks are stopped, before the next ones start."""
+
+    def close(self) -> None:
+        """The run is over (whatever the outcome): finish what is in flight and release what it holds."""
+
+
 class RejectionReport(Protocol):
     """Told of every committed checkpoint a load passed over, and why (the strategies always check)."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from resilience.checks import require_int
 from resilience.named import Named
-from resilience.runtime import NodeMemory, RankRuntime
+from resilience.runtime import AgentService, NodeMemory, RankRuntime
 from resilience.state import TrainState
 from resilience.workloads.base import Workload
 
@@ -33,6 +33,10 @@ class CheckpointStrategy(Named, ABC):
 
     def node_memory(self, run_dir: Path) -> NodeMemory | None:
         """The service this strategy provides to the rank's runtime: what its nodes hold in memory (None: nothing)."""
+        return None
+
+    def agent_service(self) -> AgentService | None:
+        """What this strategy runs in the supervisor process across rank restarts (None: nothing)."""
         return None
 
     @classmethod

@@ -2,8 +2,13 @@
 
 Every checkpoint goes to shared memory (``StorageType.MEMORY``, a copy by the node's first rank into a segment that
 a saver process holds); every ``persist_every``-th one also to disk (``StorageType.DISK``: the saver writes the
-segment to ``step_<n>/rank_0.pt`` in the background and records the step in ``dlrover_latest.txt``). Launched by
-our supervisor, not ``dlrover-run``, the library starts that saver itself, as a child of the node's first rank.
+segment to ``step_<n>/rank_0.pt`` in the background and records the step in ``dlrover_latest.txt``).
+
+Where the saver lives (``strategy.saver``): ``agent`` (the default) hosts it in the supervisor process, started and
+reset exactly as ``dlrover-run``'s agent does (``ElasticTrainingAgent._invoke_run`` and ``_restart_workers``, DLRover
+0.6.1), so the shared memory outlives the ranks and a restarted rank loads from it; ``rank`` leaves it to the
+library, which then starts it as a child of the node's first rank (how DLRover runs without ``dlrover-run``): it
+dies with that rank, and recovery reads the newest disk checkpoint.
 
 Load: the library's own ``load_checkpoint``, which prefers the shared-memory copy when one survived the crash and
 reads the newest disk checkpoint otherwise. Both are verified here as every load is: the disk checkpoint by our
@@ -45,6 +50,13 @@ FINGERPRINTS = "fingerprints.json"  # in the checkpoint directory: {step: CRC32 
 FINGERPRINTS_KEPT = 8
 TRACKER = "dlrover_latest.txt"
 POLL_S = 0.05
+AGENT_ROLE = "dlrover-trainer"  # what dlrover-run's agent sets in its workers' environment
+SAVERS = ("agent", "rank")
+
+def _saver_in_rank() -> bool:
+    """The library starts its saver from the rank (no agent holds one: DLRover's engine looks at ``ROLE_NAME``)."""
+    return os.environ.get("ROLE_NAME") != AGENT_ROLE
+
 
 def _saver_by_forkserver() -> None:
     """The saver process is started from a copy of the rank's own Python (``fork``); forked from a rank whose
@@ -61,7 +73,7 @@ PATCHES = (
     Patch("clone_loaded_state", "a state loaded from shared memory aliases the library's segment, which the next "
           "memory save overwrites", lambda: True, lambda: None),
     Patch("saver_by_forkserver", "the saver process forked from a multi-threaded rank can hang before it serves its "
-          "sockets (the rank waits 60 s and fails)", lambda: True, _saver_by_forkserver),
+          "sockets (the rank waits 60 s and fails)", _saver_in_rank, _saver_by_forkserver),
 )
 
 
@@ -71,9 +83,12 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
     known_patches = PATCHES
 
     def __init__(self, every: int, keep: int, persist_every: int = 2, timeout_s: float = 60.0,
-                 patches: str | list[str] = "all") -> None:
+                 patches: str | list[str] = "all", saver: str = "agent") -> None:
         super().__init__(every, keep, "wait", timeout_s)
         self.persist_every = require_int("strategy.persist_every", persist_every, 1)
+        if saver not in SAVERS:
+            raise ValueError(f"strategy.saver={saver}: allowed: {', '.join(SAVERS)}")
+        self.saver = saver
         self.choose_patches(patches)
         self._fingerprints: dict[str, int] = {}
 
@@ -81,7 +96,8 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         super().attach(rt)
         lib = self.library.load()
         self.applied = self.applied_patches()
-        self.declare(self.applied, persist_every=self.persist_every, launcher="resilience (standalone saver)")
+        self.declare(self.applied, persist_every=self.persist_every,
+                     saver="supervisor, as dlrover-run's agent" if self.saver == "agent" else "rank's child process")
         if rt.rank == 0:
             (rt.run_dir / RUN_ID_FILE).write_text(os.environ.get("TORCHELASTIC_RUN_ID", ""))
         self.storage_type = lib.StorageType
@@ -170,6 +186,9 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             self.rt.events.emit("ckpt_rejected", step=step, path="dlrover", reason=reason, fsync=True)
         return reason is None
 
+    def agent_service(self) -> AgentSaver | None:
+        return AgentSaver(self.timeout_s) if self.saver == "agent" else None
+
     @classmethod
     def clean_up_run(cls, run_dir: Path) -> None:
         run_id = (run_dir / RUN_ID_FILE).read_text().strip() if (run_dir / RUN_ID_FILE).exists() else ""
@@ -184,6 +203,41 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         checkpointer = getattr(self, "checkpointer", None)
         if checkpointer is not None:
             checkpointer._engine.close()
+
+
+class AgentSaver:
+    """DLRover's checkpoint saver in the supervisor process: the three calls ``dlrover-run``'s agent makes."""
+
+    role = AGENT_ROLE  # the ranks' engines see it (ROLE_NAME) and leave the saver to the agent
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._env: dict[str, str | None] = {}
+
+    def start(self, run_id: str) -> None:
+        # The saver's queues, locks and segments are named after the run id, which the agent gives the ranks too.
+        self._env = {"TORCHELASTIC_RUN_ID": os.environ.get("TORCHELASTIC_RUN_ID")}
+        os.environ["TORCHELASTIC_RUN_ID"] = run_id
+        from dlrover.python.elastic_agent.torch.ckpt_saver import AsyncCheckpointSaver
+
+        self._saver = AsyncCheckpointSaver
+        AsyncCheckpointSaver.start_async_saving_ckpt()
+
+    def before_restart(self) -> None:
+        self._saver.reset()  # the dead rank may have held the segment's lock
+
+    def close(self) -> None:
+        saver = self._saver.get_ckpt_saver() if self._env else None
+        deadline = time.monotonic() + self.timeout_s
+        while saver is not None and saver.wait_saving_checkpoint() and time.monotonic() < deadline:
+            time.sleep(POLL_S)  # a persist in flight finishes, as the agent waits before it exits
+        if saver is not None:
+            saver.close()
+        for key, value in self._env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _read_fingerprints(ckpt_dir: Path) -> dict[str, int]:

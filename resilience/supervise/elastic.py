@@ -21,6 +21,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from resilience.record.events import EventLog
+from resilience.runtime import AgentService
 from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
 from resilience.supervise.supervisor import Supervisor
@@ -29,9 +30,10 @@ from resilience.supervise.supervisor import Supervisor
 class ObservedAgent(LocalElasticAgent):
     """The elastic agent, reporting what it sees to the event log and the console."""
 
-    def __init__(self, *args, events: EventLog, observer: Observer, policy: str, **kwargs) -> None:
+    def __init__(self, *args, events: EventLog, observer: Observer, policy: str, service: AgentService | None,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._events, self._observer, self._policy = events, observer, policy
+        self._events, self._observer, self._policy, self._service = events, observer, policy, service
         self._reported = False  # one failure per attempt: later failures are the same fault spreading
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -82,6 +84,8 @@ class ObservedAgent(LocalElasticAgent):
         say(f"restarting all ranks (restart {used} of {worker_group.spec.max_restarts})")
         reset_board(self._observer.run_dir, worker_group.spec.local_world_size)
         self._reported = False
+        if self._service is not None:  # e.g. DLRover's saver releases its shared-memory locks (as its agent does)
+            self._service.before_restart()
         super()._restart_workers(worker_group)
 
 
@@ -99,10 +103,11 @@ class ElasticSupervisor(Supervisor):
         # torch 2.4) a restarted rank can read its peer's address from the previous attempt and fail to connect
         # (pytorch/pytorch#135712). Rank processes inherit this setting.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        params = RendezvousParameters(backend="c10d", endpoint="localhost:0", run_id=f"rb-{uuid.uuid4().hex[:12]}",
-                                      min_nodes=1, max_nodes=1)
+        run_id = f"rb-{uuid.uuid4().hex[:12]}"
+        params = RendezvousParameters(backend="c10d", endpoint="localhost:0", run_id=run_id, min_nodes=1, max_nodes=1)
+        service = self.strategy.agent_service()
         spec = WorkerSpec(
-            role="rank",
+            role=service.role if service is not None else "rank",
             local_world_size=self.world_size,
             entrypoint=sys.executable,
             args=("-u", "-m", "resilience.rank", str(self.config_path)),
@@ -118,8 +123,13 @@ class ElasticSupervisor(Supervisor):
             events=events,
             observer=observer,
             policy=self.policy.name,
+            service=service,
         )
         try:
+            if service is not None:
+                service.start(run_id)
             return "failed" if agent.run().is_failed() else "succeeded"
         finally:
+            if service is not None:
+                service.close()
             spec.rdzv_handler.shutdown()
