@@ -1,6 +1,6 @@
 """``python -m resilience.bench.compare``: the checkpoint-strategy comparison, measured end to end.
 
-For each workload (default: ``gpt_tiny`` and ``dlrm_emb``, 2 ranks) and each strategy (default: sync, async,
+For each workload (default: ``gpt_tiny`` and ``dlrm_emb``; ``gpt_small`` on request; 2 ranks) and each strategy (default: sync, async,
 dcp_async, inmemory, replica, and replica_spare: replica with one warm spare rank; any ``conf/strategy/<name>.yaml``
 can be named), it runs a fault-free experiment and one in which rank 1 is SIGKILLed *during* a checkpoint
 (``fault.phase=during_checkpoint``; before the forward pass of the same step for a strategy that never
@@ -55,6 +55,7 @@ class Plan:
 
 PLANS = {
     "gpt_tiny": Plan(steps=30, every=5, fault_step=15, timeout_s=240),
+    "gpt_small": Plan(steps=30, every=5, fault_step=15, timeout_s=480),
     "dlrm_emb": Plan(steps=350, every=150, fault_step=300, timeout_s=480),
 }
 
@@ -222,7 +223,7 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.compare", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", nargs="+", default=list(PLANS), choices=sorted(PLANS))
+    ap.add_argument("--workloads", nargs="+", default=["gpt_tiny", "dlrm_emb"], choices=sorted(PLANS))
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
                     help="names of conf/strategy/*.yaml; the first one's fault-free run is the reference")
     ap.add_argument("--peers", action="store_true", help=f"add the libraries: {', '.join(PEERS)}")
