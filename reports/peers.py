@@ -2,7 +2,8 @@
 would adopt instead, on the same faults and the same bit-exact check.
 
 One row per (workload, strategy): the library and version (``-`` for ours), the workarounds applied to it, the
-median stall, time to durable, load time and recovery time and lost steps over its runs, whether every run ended
+median stall, time to durable, load time and recovery time and lost steps over its runs, the host memory its
+fault-free runs used (peak PSS of the run's processes, ``resilience.record.memory``), whether every run ended
 bit-exact, and ratios to ``sync`` and to the best library of the family on the same workload. The note under the
 figure lists the findings: a library run that is not bit-exact, that failed, or that left processes behind, each
 with the command that reproduces it.
@@ -63,6 +64,10 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
                "version": _first(group, "peer.version"), "patches": _patches(group), "runs": len(group),
                "bit_exact": bit_exact(group)}
         row.update({name: col(group, source).median() for name, source in MEASURES.items()})
+        # Peak PSS of the run's processes (ranks, supervisor, the library's helpers), fault-free runs only: a
+        # recovery's second set of processes is not what a strategy costs.
+        free = group[group.get("cell.fault", pd.Series("none", index=group.index)).astype(str) == "none"]
+        row["host_MB"] = col(free if len(free) else group, "host_memory_peak_bytes").median() / 1e6
         rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:

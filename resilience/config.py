@@ -133,7 +133,7 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     world = _integer(cfg, "world_size", 1)
     _integer(cfg, "log_every", 1)
     for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
-                "supervisor.monitor_interval_s"):
+                "supervisor.monitor_interval_s", "supervisor.memory_sample_s"):
         _positive(cfg, key)
     _choice(cfg, "supervisor.launcher", ("local", "external"))
     _integer(cfg, "supervisor.spares", 0)

@@ -110,7 +110,9 @@ def row(workload: str, strategy: str, free: dict, killed: dict, ref_hash: str | 
     return {"workload": workload, "strategy": strategy, "stall_s": free.get("ckpt_stall_s"), "durable_s": durable,
             "ckpt_MB": nbytes / 1e6 if nbytes else None, "write_GBps": bw,
             "write_pct_of_disk": 100 * bw / limits["write_GBps"] if bw else None,
-            "step_s": free.get("step_time_s"), "recovery_source": killed.get("recovery_source"),
+            "step_s": free.get("step_time_s"),
+            "host_MB": free["host_memory_peak_bytes"] / 1e6 if free.get("host_memory_peak_bytes") else None,
+            "recovery_source": killed.get("recovery_source"),
             "moved_MB": (killed.get("recovery_bytes") or 0) / 1e6 if killed.get("recovered") else None,
             "load_s": killed.get("recovery_load_s"), "restart_s": breakdown.get("restart"),
             "recovery_s": killed.get("recovery_time_s"), "lost_steps": killed.get("lost_steps"),
@@ -149,7 +151,8 @@ def _f(v: Any, digits: int = 3) -> str:
 
 COLUMNS = [("workload", "workload"), ("strategy", "strategy"), ("stall_s", "stall s"), ("durable_s", "durable s"),
            ("ckpt_MB", "ckpt MB"), ("write_GBps", "write GB/s"), ("write_pct_of_disk", "% disk"),
-           ("step_s", "step s"), ("recovery_source", "recovered from"), ("moved_MB", "moved MB"), ("load_s", "load s"),
+           ("step_s", "step s"), ("host_MB", "host MB"), ("recovery_source", "recovered from"), ("moved_MB", "moved MB"),
+           ("load_s", "load s"),
            ("restart_s", "restart s"), ("recovery_s", "recovery s"), ("lost_steps", "lost steps"),
            ("survivors_restarted", "survivors restarted"), ("bit_exact", "bit-exact free/killed")]
 
@@ -165,7 +168,7 @@ def table(rows: list[dict]) -> str:
             elif key == "survivors_restarted":  # neither answer is a failure: say it plainly
                 cells.append({True: "yes", False: "no", None: "-"}[r[key]])
             else:
-                cells.append(_f(r[key], 1 if key in ("ckpt_MB", "moved_MB", "write_pct_of_disk") else 3))
+                cells.append(_f(r[key], 1 if key in ("ckpt_MB", "moved_MB", "write_pct_of_disk", "host_MB") else 3))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -57,6 +57,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     }
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
     result.update(_peer(events))
+    memory = _first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
+    result["host_memory_peak_bytes"] = memory["peak_pss_bytes"] if memory else None
     hashes = {e["final_state_sha256"] for e in run_ends}
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
     result["replicas_agree"] = len(hashes) == 1 if hashes else None

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from resilience.detectors.base import Detector
 from resilience.orphans import adopt_orphans, kill_children
 from resilience.record.events import EventLog
+from resilience.record.memory import MemorySampler
 from resilience.record.board import create_board
 from resilience.supervise.observer import Observer, say
 from resilience.recovery.base import RecoveryPolicy
@@ -76,6 +77,7 @@ class Supervisor(ABC):
         adopt_orphans()  # what a library starts in a rank becomes ours when the rank dies: killed at the end
         previous = {s: signal.signal(s, _interrupt) for s in STOP_SIGNALS}
         self.interrupted_by: str | None = None
+        sampler = MemorySampler(float(self.cfg.supervisor.memory_sample_s)).start()
         try:
             outcome = self._run(events, observer)
         except (Interrupted, SignalException, KeyboardInterrupt) as exc:
@@ -83,6 +85,8 @@ class Supervisor(ABC):
             self.interrupted_by = signal.Signals(signum).name
             outcome = "interrupted"
         finally:
+            peak, samples = sampler.stop()
+            events.emit("host_memory", peak_pss_bytes=peak, samples=samples)
             for s, handler in previous.items():
                 signal.signal(s, handler)
             # What the ranks leave on the host for recovery (e.g. in-memory snapshots) is the supervisor's to
