@@ -113,6 +113,18 @@ def test_dlrover_memory_recovery_as_shipped_and_with_the_declared_copy(tmp_path,
     assert result["peer_patches"] == ([] if not exact else ["clone_loaded_state"])
 
 
+@DLROVER
+@pytest.mark.timeout(240)
+def test_dlrover_node_loss_takes_the_memory_copy_with_it(tmp_path, reference):
+    """The simulated nodes share this host's one DLRover copy; losing a node loses it (as a real node's loss would):
+    the restart loads the disk checkpoint, not a memory copy that could not have survived."""
+    result = run_experiment(tmp_path / "run", "strategy=dlrover_flash", "fault=node_loss", "fault.rank=1",
+                            "fault.at_step=18", *COMMON)
+    loads = [e for e in read_events(tmp_path / "run") if e["kind"] == "ckpt_loaded"]
+    assert {(e["source"], e["step"]) for e in loads} == {("disk", 10)}, checkpoint_story(tmp_path / "run")
+    assert result["final_state_sha256"] == reference["final_state_sha256"]
+
+
 def test_a_library_that_is_not_installed_is_refused_in_one_line(monkeypatch):
     from resilience.strategies.peer import PeerLibrary
     from resilience.strategies.torchsnapshot_ckpt import TorchSnapshotCheckpoint

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from resilience.checks import require_int
 from resilience.record.fsio import atomic_write_json
+from resilience.runtime import NodeMemory
 from resilience.state import TrainState, map_tensors, state_crc32
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
@@ -186,6 +187,21 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             self.rt.events.emit("ckpt_rejected", step=step, path="dlrover", reason=reason, fsync=True)
         return reason is None
 
+    def node_memory(self, run_dir: Path) -> NodeMemory:
+        """What node_loss wipes. DLRover keeps one copy per host; the simulated nodes of this host share it, and a
+        real node's loss takes that node's copy: its replacement starts with none, DLRover's step check across the
+        ranks then fails and every rank loads from disk. The victim leaves what a replacement would find: empty
+        metadata and no segment."""
+        return _NodeCopy(self)
+
+    def _forget_memory(self) -> None:
+        handler = self.checkpointer._engine._shm_handler  # this node's shard (DDP: shard 0, every local rank's)
+        handler.metadata.set({})
+        if handler.shared_memory is None:
+            handler.init_shared_memory(create=False)
+        if handler.shared_memory is not None:
+            handler.shared_memory.unlink()
+
     def agent_service(self) -> AgentSaver | None:
         return AgentSaver(self.timeout_s) if self.saver == "agent" else None
 
@@ -203,6 +219,14 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         checkpointer = getattr(self, "checkpointer", None)
         if checkpointer is not None:
             checkpointer._engine.close()
+
+
+class _NodeCopy:
+    def __init__(self, strategy: DlroverFlashCheckpoint) -> None:
+        self.strategy = strategy
+
+    def destroy(self, node: int) -> None:
+        self.strategy._forget_memory()
 
 
 class AgentSaver:
