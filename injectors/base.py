@@ -73,6 +73,8 @@ class Injector(Named, ABC):
         """The ranks this fault acts on."""
         return {self.rank}
 
+    acts_on_checkpoint_fs: bool = False  # True: the fault reaches a rank only through ``checkpoint_fs``
+
     def checkpoint_fs(self, rank: int) -> CheckpointFileSystem | None:
         """The service this fault provides to rank ``rank``'s runtime: the checkpoint I/O layer (None: plain)."""
         return None

@@ -81,6 +81,8 @@ class FaultyFileSystem(FileSystem):
 
 class SlowDisk(Injector):
 
+    acts_on_checkpoint_fs = True
+
     def __init__(self, mode: str = "throttle", mbps: float = 50.0, latency_ms: float = 0.0, budget_mb: float = 1.0,
                  kth_write: int = 1, offset_bytes: int = 4096, **trigger: Any) -> None:
         super().__init__(**trigger)

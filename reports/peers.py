@@ -33,6 +33,11 @@ FAMILIES = {
     "nvrx_async": "async snapshot + persist",
     "inmemory": "in-memory", "dlrover_flash": "in-memory",
 }
+# Cells no matrix may hold (the command refuses them in one line, resilience.roles): said here, never a silent pass.
+NOT_APPLICABLE = ("Not applicable: <code>fault=slow_disk</code> (throttle, enospc, torn_write) to torchsnapshot, "
+                  "nvrx_async, dlrover_flash and DCP's process executor (dcp_async_process, "
+                  "dcp_async_staged_process): they open their checkpoint files themselves, not through DCP's "
+                  "file-system layer that this fault acts on.")
 MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",
             "recovery_s": "recovery_time_s", "lost_steps": "lost_steps"}
 
@@ -120,7 +125,8 @@ def peers_note(frame: pd.DataFrame) -> str:
                          f"{html.escape('; '.join(problems))}<br><code>{html.escape(str(run.get('command', '')))}"
                          f"</code></li>")
     found = f"<ul>{''.join(items)}</ul>" if items else "<p>No finding: every library run ended bit-exact.</p>"
-    return f"<p class=\"note\">Findings about the libraries (reproduce each with its command):</p>{found}"
+    return (f"<p class=\"note\">Findings about the libraries (reproduce each with its command):</p>{found}"
+            f"<p class=\"note\">{NOT_APPLICABLE}</p>")
 
 
 def _first(group: pd.DataFrame, column: str) -> str:

@@ -59,6 +59,10 @@ def _check_together(cfg: DictConfig, roles: Roles) -> None:
     if spares and not strategy.recovers_in_place:
         raise ValueError(f"supervisor.spares={spares}: only a strategy that recovers in place "
                          f"(strategy=replica) uses spare ranks; set supervisor.spares=0")
+    if roles.injector.acts_on_checkpoint_fs and strategy.saves and not strategy.writes_through_checkpoint_fs():
+        # never a silent pass: the fault would fire and change nothing this strategy writes
+        raise ValueError(f"fault={roles.injector.name}: not applicable to strategy={strategy.name}, whose checkpoint "
+                         f"files do not go through DCP's file-system layer that this fault acts on (docs/peers.md)")
     if cfg.supervisor.launcher != "local" and strategy.agent_service() is not None:
         raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: strategy={strategy.name} runs part of itself "
                          f"in the local supervisor across rank restarts (see its option file); use "

@@ -72,6 +72,8 @@ BAD = [
     (("seed=${nope}",), "seed", "Interpolation key 'nope' not found"),
     (("strategy=nvrx_async", "strategy.patches=[x]"), "strategy.patches=[x]", "cuda_synchronize"),
     (("strategy=dcp_async", "strategy.executor=fork"), "strategy.executor=fork", "process"),
+    (("strategy=torchsnapshot", "fault=slow_disk"), "fault=slow_disk", "not applicable to strategy=torchsnapshot"),
+    (("strategy=dcp_async_process", "fault=slow_disk"), "fault=slow_disk", "not applicable to strategy=dcp_async"),
     (("supervisor.memory_sample_s=0",), "supervisor.memory_sample_s=0", "> 0"),
     (("strategy=dlrover_flash", "strategy.saver=node"), "strategy.saver=node", "agent, rank"),
     (("strategy=dlrover_flash", "supervisor.launcher=external"), "supervisor.launcher=external",

@@ -35,6 +35,11 @@ class CheckpointStrategy(Named, ABC):
         """The service this strategy provides to the rank's runtime: what its nodes hold in memory (None: nothing)."""
         return None
 
+    def writes_through_checkpoint_fs(self) -> bool:
+        """Whether every checkpoint file goes through the runtime's ``ckpt_fs`` (DCP's file-system layer), the
+        seam that disk faults act on; False for a writer that opens its files itself."""
+        return False
+
     def agent_service(self) -> AgentService | None:
         """What this strategy runs in the supervisor process across rank restarts (None: nothing)."""
         return None

@@ -57,6 +57,9 @@ class DcpAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     library = PeerLibrary("torch.distributed.checkpoint", "torch", extra="")
 
+    def writes_through_checkpoint_fs(self) -> bool:
+        return self.executor == "thread"  # the daemon process of the other executor writes without our layer
+
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
                  stager: str = "blocking", executor: str = "thread") -> None:
         super().__init__(every, keep, when_busy, timeout_s)

@@ -41,6 +41,9 @@ class HookedWriter(FileSystemWriter):
 
 class SyncCheckpoint(CheckpointStrategy):
 
+    def writes_through_checkpoint_fs(self) -> bool:
+        return True
+
     def attach(self, rt) -> None:
         super().attach(rt)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
