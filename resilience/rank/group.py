@@ -22,8 +22,10 @@ GENERATION_KEY = "generation"
 class RankGroup:
     """Forms (``join``) and re-forms (``rejoin``) the default process group of one rank."""
 
-    def __init__(self, backend: str, rank: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, backend: str, rank: int, world_size: int, timeout_s: float, solo: bool = False) -> None:
         self.backend, self.rank, self.world_size = backend, rank, world_size
+        # Solo: this rank is a group of one; a strategy that owns the step forms the groups across ranks itself.
+        self.solo = solo
         self.timeout = timedelta(seconds=timeout_s)
         where = os.environ.get(STORE_ENV)
         self.store = None
@@ -39,7 +41,9 @@ class RankGroup:
 
     def join(self) -> None:
         """Form the group of this process's generation."""
-        if self.store is None:
+        if self.solo:
+            dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout)
+        elif self.store is None:
             dist.init_process_group(self.backend, timeout=self.timeout)
         else:
             dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{self.generation}/", self.store),
@@ -51,7 +55,7 @@ class RankGroup:
         Re-raises ``error`` when this process cannot stay (no replacing supervisor), or when no new generation
         opens within the collective timeout: then the error was not a lost peer, and this rank fails for real.
         """
-        if self.store is None:
+        if self.store is None or self.solo:
             raise error
         dist.destroy_process_group()  # the broken group: its peers' sockets are gone
         deadline = time.monotonic() + self.timeout.total_seconds()

@@ -30,6 +30,7 @@ from resilience.roles import build_roles
 from resilience.runtime import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
 from resilience.state import TrainState
+from resilience.strategies.owned_step import OwnsStep
 from resilience.rank.trainer import Trainer
 
 
@@ -80,13 +81,14 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     events = EventLog(run_dir, rank, attempt)
     detectors: RankDetectors | None = None
     try:
-        group = RankGroup(cfg.backend, rank, world, float(cfg.timeouts.collective_s))
+        roles = build_roles(cfg) if prepared is None else prepared.roles
+        strategy, injector = roles.strategy, roles.injector
+        owns_step = isinstance(strategy, OwnsStep)  # it forms the groups across ranks and wraps the model itself
+        group = RankGroup(cfg.backend, rank, world, float(cfg.timeouts.collective_s), solo=owns_step)
         group.join()
         # In place, the supervisor numbers the generations; under an elastic agent the ranks agree on it.
         events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
-        roles = build_roles(cfg) if prepared is None else prepared.roles
-        strategy, injector = roles.strategy, roles.injector
         if prepared is None:  # a spare watches from the start
             die_with_parent(lambda: strategy.clean_up_run(run_dir))
         detectors = RankDetectors(roles.detectors, roles.policy)
@@ -97,7 +99,8 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
                          load_max_step=rollback_bound(run_dir, events.attempt),
                          ckpt_fs=injector.checkpoint_fs(rank), node_memory=strategy.node_memory(run_dir),
                          ckpt_rejected=detectors.rejection_report(), group=group,
-                         wrap_model=ModelWrapper(device, world, injector, in_place=group.in_place))
+                         wrap_model=bare if owns_step else ModelWrapper(device, world, injector,
+                                                                        in_place=group.in_place))
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
@@ -146,6 +149,11 @@ class ModelWrapper:
         else:
             install_reduce(ddp, self.world_size)
         return ddp
+
+
+def bare(module: torch.nn.Module) -> torch.nn.Module:
+    """The model as built: a strategy that owns the step wraps it for its own replica group."""
+    return module
 
 
 def rollback_bound(run_dir: Path, attempt: int) -> int | None:

@@ -4,14 +4,19 @@ One attempt on one rank:
 
 1. ``strategy.load`` restores the newest good checkpoint (or none: start at step 0);
 2. for each step from there:
-   ``fault_hook("before_forward")`` -> beat -> batch -> forward -> beat -> backward (DDP all-reduces the
-   gradients) -> beat -> ``fault_hook("before_optimizer_step")`` -> ``detectors.on_backward`` -> optimizer step ->
-   beat -> ``step_end`` event -> ``detectors.on_step_end`` -> ``strategy.save`` (beating ``CKPT_IO`` around it;
-   it calls ``fault_hook("during_checkpoint")`` inside the write);
+   ``control.begin`` (the step's position) -> ``fault_hook("before_forward")`` -> beat -> batch -> forward ->
+   beat -> backward (DDP all-reduces the gradients) -> beat -> ``fault_hook("before_optimizer_step")`` ->
+   ``detectors.on_backward`` -> ``control.commit`` (the optimizer step) -> beat -> ``step_end`` event ->
+   ``detectors.on_step_end`` -> ``strategy.save`` (beating ``CKPT_IO`` around it; it calls
+   ``fault_hook("during_checkpoint")`` inside the write);
 3. ``strategy.wait`` until every save is durable, then the final state hash goes into ``run_end``.
 
 When a step raises a ``RuntimeError`` (a collective failed: a peer died), ``strategy.recover`` either recovers in
 place and names the step to go on from (``replica``), or re-raises and this process fails (every other strategy).
+
+``control`` is the plain step, or the strategy's own when it owns the step (``OwnsStep``: torchft's quorum at
+``begin``, which may move the position after a heal, and its commit vote, which may drop the step: then the same
+step is trained again).
 
 Beats go to the heartbeat board that the supervisor's hang and straggler detectors read.
 
@@ -33,6 +38,7 @@ from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DO
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy
+from resilience.strategies.owned_step import OwnsStep, StepControl
 from resilience.workloads.base import Workload, stream_seed
 
 
@@ -43,6 +49,8 @@ class Trainer:
                  strategy: CheckpointStrategy, detectors: RankDetectors, beater: Beater) -> None:
         self.cfg, self.rt, self.workload, self.state, self.strategy = cfg, rt, workload, state, strategy
         self.detectors, self.beater = detectors, beater
+        self.control = strategy.step_control(state) if isinstance(strategy, OwnsStep) else StepControl(
+            state.optimizer)
         self.steps = int(cfg.steps)
         self.log_every = int(cfg.log_every)
         # Where the previous attempt was hit: reaching it again marks the end of the recovery.
@@ -59,11 +67,17 @@ class Trainer:
         step = start
         while step < self.steps:
             try:
+                step = ev.step = self.position = self.control.begin(step)
+                if step >= self.steps:
+                    self._check_resumed(step)
+                    break  # healed into the final state: no step left to train
                 loss_value = self._step(step)
             except RuntimeError as exc:  # a collective failed (torch's DistError is a RuntimeError): a peer died
                 step = self.strategy.recover(self.state, self.position, exc)
                 ev.step = step
                 continue
+            if loss_value is None:
+                continue  # the step was dropped: train it again
             step += 1
             if rt.rank == 0 and (step % self.log_every == 0 or step == self.steps):
                 now = time.monotonic()
@@ -78,8 +92,9 @@ class Trainer:
         ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
         return digest
 
-    def _step(self, step: int) -> float:
-        """One training step and what follows it; ``self.position`` counts the optimizer steps applied so far."""
+    def _step(self, step: int) -> float | None:
+        """One training step and what follows it (None: the step was dropped); ``self.position`` counts the
+        optimizer steps applied so far."""
         rt, ev = self.rt, self.rt.events
         t0 = time.monotonic()
         rt.fault_hook("before_forward", step)
@@ -89,9 +104,9 @@ class Trainer:
         rt.fault_hook("before_optimizer_step", step)
         loss_value = loss.item()
         self.detectors.on_backward(step, loss_value)
-        self.state.optimizer.step()
+        if not self.control.commit():
+            return None
         self.position = step + 1
-        self.state.optimizer.zero_grad(set_to_none=True)
         self.beater.beat(step, STEP_DONE)
         ev.step = step + 1
         ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)

@@ -57,6 +57,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     }
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
     result.update(_peer(events))
+    result.update(_replica_groups(events, run["world_size"]))
     memory = _first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
     result["host_memory_peak_bytes"] = memory["peak_pss_bytes"] if memory else None
     hashes = {e["final_state_sha256"] for e in run_ends}
@@ -74,6 +75,48 @@ def _peer(events: list[dict]) -> dict[str, Any]:
         return {"peer": None, "peer_patches": [], "orphans_killed": orphans}
     return {"peer": {"library": peer["library"], "version": peer["version"], "settings": peer.get("settings", {})},
             "peer_patches": [p["name"] for p in peer["patches"]], "orphans_killed": orphans}
+
+
+def _replica_groups(events: list[dict], world_size: int) -> dict[str, Any]:
+    """Replica groups that train on at reduced width while a dead one is replaced (torchft): the survivors' view of
+    the fault (the quorum without it, their stall), the replacement's start and heal, the steps committed by fewer
+    than all groups, the final loss, and whether every replica held the same state after each change of the quorum
+    and at the end. Such a run is not compared bit for bit with the fault-free one: its trajectory differs by design."""
+    out: dict[str, Any] = {"bit_exact": None, "replicas_consistent": None, "reduced_width_steps": None,
+                           "quorum_detection_s": None, "survivors_stall_s": None, "replacement_start_s": None,
+                           "heal_s": None, "heal_transfer_s": None, "heal_bytes": None, "final_loss": None}
+    steps = [e for e in events if e["kind"] == "ft_step"]
+    if not steps:
+        return out
+    by_step: dict[int, set[str]] = {}
+    for e in events:
+        if e["kind"] == "ft_state":
+            by_step.setdefault(e["step"], set()).add(e["sha256"])
+    final = {e["rank"]: e["final_state_sha256"] for e in events if e["kind"] == "run_end"}  # each rank's last
+    last_losses = {e["rank"]: (e["step"], e["loss"]) for e in events if e["kind"] == "step_end"}
+    end = max((s for s, _ in last_losses.values()), default=None)
+    losses = [loss for s, loss in last_losses.values() if s == end]
+    out.update(bit_exact="not by design", reduced_width_steps=len(
+        {e["step"] for e in steps if e["committed"] and e["participants"] < world_size}),
+        replicas_consistent=all(len(h) == 1 for h in by_step.values()) and len(final) == world_size
+        and len(set(final.values())) == 1, final_loss=sum(losses) / len(losses) if losses else None)
+    fault = _first(events, "fault_injected")
+    if fault is None:
+        return out
+    t0, victim = fault["t_mono"], fault.get("target_rank", fault["rank"])
+    later = [e for e in events if e["t_mono"] >= t0]
+    shrunk = next((e for e in later if e["kind"] == "ft_quorum" and e["participants"] < e["previous"]), None)
+    stepped = next((e for e in later if e["kind"] == "ft_step" and e["committed"] and e["rank"] != victim), None)
+    restart = next((e for e in later if e["kind"] == "restart" and e["rank"] is None), None)
+    started = next((e for e in later if e["kind"] == "run_start" and restart and e["t_mono"] >= restart["t_mono"]),
+                   None)
+    heal = next((e for e in later if e["kind"] == "ft_heal"), None)
+    out.update(quorum_detection_s=shrunk["t_mono"] - t0 if shrunk else None,
+               survivors_stall_s=stepped["t_mono"] - t0 if stepped else None,
+               replacement_start_s=started["t_mono"] - restart["t_mono"] if started else None,
+               heal_s=heal["heal_s"] if heal else None, heal_transfer_s=heal["transfer_s"] if heal else None,
+               heal_bytes=heal["bytes"] if heal else None)
+    return out
 
 
 def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> str:
