@@ -63,9 +63,10 @@ def _check_together(cfg: DictConfig, roles: Roles) -> None:
         # never a silent pass: the fault would fire and change nothing this strategy writes
         raise ValueError(f"fault={roles.injector.name}: not applicable to strategy={strategy.name}, whose checkpoint "
                          f"files do not go through DCP's file-system layer that this fault acts on (docs/peers.md)")
-    if cfg.supervisor.launcher != "local" and strategy.agent_service() is not None:
-        raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: strategy={strategy.name} runs part of itself "
-                         f"in the local supervisor across rank restarts (see its option file); use "
+    hosted = [r.name for r in (strategy, *roles.detectors) if r.agent_service() is not None]
+    if cfg.supervisor.launcher != "local" and hosted:
+        raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: {', '.join(hosted)} runs part of itself in "
+                         f"the local supervisor across rank restarts (see its option file); use "
                          f"supervisor.launcher=local")
     if strategy.recovers_in_place:
         if roles.policy.on_silent == "rollback":

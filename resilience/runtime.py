@@ -44,10 +44,11 @@ class AgentService(Protocol):
     """What a strategy runs in the supervisor process, beside the elastic agent, so that it outlives the ranks
     (DLRover's checkpoint saver, as ``dlrover-run``'s agent hosts it)."""
 
-    role: str  # the role name the agent gives its workers (their ROLE_NAME); "rank" where nothing reads it
+    role: str | None  # the role name the agent must give its workers (their ROLE_NAME); None: any
 
-    def start(self, run_id: str) -> None:
-        """Before the first ranks start; ``run_id`` is the rendezvous run id the ranks see as TORCHELASTIC_RUN_ID."""
+    def start(self, run_id: str, run_dir: Path) -> None:
+        """Before the first ranks start; ``run_id`` is the rendezvous run id the ranks see as TORCHELASTIC_RUN_ID,
+        ``run_dir`` the run directory (for the service's own files)."""
 
     def before_restart(self) -> None:
         """After the failed attempt's ranks are stopped, before the next ones start."""

@@ -74,6 +74,8 @@ BAD = [
     (("strategy=dcp_async", "strategy.executor=fork"), "strategy.executor=fork", "process"),
     (("strategy=torchsnapshot", "fault=slow_disk"), "fault=slow_disk", "not applicable to strategy=torchsnapshot"),
     (("strategy=dcp_async_process", "fault=slow_disk"), "fault=slow_disk", "not applicable to strategy=dcp_async"),
+    (("detector=[nvrx_heartbeat]", "supervisor.launcher=external"), "supervisor.launcher=external",
+     "nvrx_heartbeat runs part of itself"),
     (("supervisor.memory_sample_s=0",), "supervisor.memory_sample_s=0", "> 0"),
     (("strategy=dlrover_flash", "strategy.saver=node"), "strategy.saver=node", "agent, rank"),
     (("strategy=dlrover_flash", "supervisor.launcher=external"), "supervisor.launcher=external",

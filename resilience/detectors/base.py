@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resilience.named import Named
-from resilience.runtime import RejectionReport
+from resilience.runtime import AgentService, RejectionReport
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ class Detector(Named, ABC):
     # ---- supervisor side ----
     def start(self) -> str | None:
         """Before launch: return why this detector cannot work here (it then reports that once), or None."""
+        return None
+
+    def agent_service(self) -> AgentService | None:
+        """What this detector runs in the supervisor process for the whole run (None: nothing)."""
         return None
 
     def on_worker_failures(self, exit_codes: dict[int, int]) -> list[Detection]:

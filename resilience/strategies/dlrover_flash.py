@@ -238,7 +238,7 @@ class AgentSaver:
         self.timeout_s = timeout_s
         self._env: dict[str, str | None] = {}
 
-    def start(self, run_id: str) -> None:
+    def start(self, run_id: str, run_dir: Path) -> None:
         # The saver's queues, locks and segments are named after the run id, which the agent gives the ranks too.
         self._env = {"TORCHELASTIC_RUN_ID": os.environ.get("TORCHELASTIC_RUN_ID")}
         os.environ["TORCHELASTIC_RUN_ID"] = run_id

@@ -26,7 +26,7 @@ START_TIMEOUT_S = 30.0
 class Lighthouse:
     """Starts the ``torchft_lighthouse`` process, publishes its address, stops it at the end of the run."""
 
-    role = "rank"  # nothing reads the workers' role name
+    role = None  # nothing reads the workers' role name
 
     def __init__(self, log_dir: str | None, min_replicas: int, heartbeat_timeout_ms: int, join_timeout_ms: int,
                  quorum_tick_ms: int) -> None:
@@ -36,10 +36,8 @@ class Lighthouse:
                      "--quorum_tick_ms", str(quorum_tick_ms)]
         self.proc: subprocess.Popen | None = None
 
-    def start(self, run_id: str) -> None:
-        if self.log_dir is None:
-            raise ValueError("strategy.log_dir: unset; the lighthouse's log goes to the run directory")
-        log = Path(self.log_dir) / LOG_FILE
+    def start(self, run_id: str, run_dir: Path) -> None:
+        log = Path(self.log_dir or run_dir) / LOG_FILE
         with open(log, "ab") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([_binary(), *self.args], stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)

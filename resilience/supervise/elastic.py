@@ -30,10 +30,10 @@ from resilience.supervise.supervisor import Supervisor
 class ObservedAgent(LocalElasticAgent):
     """The elastic agent, reporting what it sees to the event log and the console."""
 
-    def __init__(self, *args, events: EventLog, observer: Observer, policy: str, service: AgentService | None,
+    def __init__(self, *args, events: EventLog, observer: Observer, policy: str, services: list[AgentService],
                  **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._events, self._observer, self._policy, self._service = events, observer, policy, service
+        self._events, self._observer, self._policy, self._services = events, observer, policy, services
         self._reported = False  # one failure per attempt: later failures are the same fault spreading
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -84,8 +84,8 @@ class ObservedAgent(LocalElasticAgent):
         say(f"restarting all ranks (restart {used} of {worker_group.spec.max_restarts})")
         reset_board(self._observer.run_dir, worker_group.spec.local_world_size)
         self._reported = False
-        if self._service is not None:  # e.g. DLRover's saver releases its shared-memory locks (as its agent does)
-            self._service.before_restart()
+        for service in self._services:  # e.g. DLRover's saver releases its shared-memory locks (as its agent does)
+            service.before_restart()
         super()._restart_workers(worker_group)
 
 
@@ -105,9 +105,9 @@ class ElasticSupervisor(Supervisor):
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         run_id = f"rb-{uuid.uuid4().hex[:12]}"
         params = RendezvousParameters(backend="c10d", endpoint="localhost:0", run_id=run_id, min_nodes=1, max_nodes=1)
-        service = self.strategy.agent_service()
+        services = self.agent_services()
         spec = WorkerSpec(
-            role=service.role if service is not None else "rank",
+            role=self.worker_role(),
             local_world_size=self.world_size,
             entrypoint=sys.executable,
             args=("-u", "-m", "resilience.rank", str(self.config_path)),
@@ -123,13 +123,15 @@ class ElasticSupervisor(Supervisor):
             events=events,
             observer=observer,
             policy=self.policy.name,
-            service=service,
+            services=services,
         )
+        started: list[AgentService] = []
         try:
-            if service is not None:
-                service.start(run_id)
+            for service in services:
+                service.start(run_id, self.run_dir)
+                started.append(service)
             return "failed" if agent.run().is_failed() else "succeeded"
         finally:
-            if service is not None:
+            for service in reversed(started):
                 service.close()
             spec.rdzv_handler.shutdown()

@@ -41,12 +41,13 @@ class ReplacingSupervisor(Supervisor):
         self._spares_started = 0
         self._killed: set[int] = set()  # ranks a detector had aborted: their exit is no news
         self._generation, self._left = 0, self.max_restarts
-        # What the strategy runs beside the ranks for the whole run (torchft's lighthouse); the ranks inherit the
-        # environment it sets (the lighthouse's address).
-        self._service = self.strategy.agent_service()
+        # What the strategy and the detectors run beside the ranks for the whole run (torchft's lighthouse, NVRx's
+        # rank monitors); the ranks inherit the environment they set (the lighthouse's address).
+        started = []
         try:
-            if self._service is not None:
-                self._service.start(str(self.cfg.run_id))
+            for service in self.agent_services():
+                service.start(str(self.cfg.run_id), self.run_dir)
+                started.append(service)
             for rank in range(self.world_size):
                 self._spawn(rank, self._generation)
             for _ in range(int(self.cfg.supervisor.spares)):
@@ -56,8 +57,8 @@ class ReplacingSupervisor(Supervisor):
             return outcome
         finally:
             self._stop_all()
-            if self._service is not None:
-                self._service.close()  # after the ranks: they must not outlive what they talk to
+            for service in reversed(started):
+                service.close()  # after the ranks: they must not outlive what they talk to
 
     def _start_store(self) -> None:
         """The store the ranks form every generation's group on; survivors wait on its generation key."""
@@ -99,8 +100,8 @@ class ReplacingSupervisor(Supervisor):
         generation = events.attempt = self._generation
         reset_board(self.run_dir, self.world_size, ranks=failed)
         self._store.set(GENERATION_KEY, str(generation))  # survivors waiting to re-form the group see it now
-        if self._service is not None:
-            self._service.before_restart()
+        for service in self.agent_services():
+            service.before_restart()
         by_spare = [rank for rank in failed if self._assign_spare(rank, generation)]
         for rank in sorted(set(failed) - set(by_spare)):
             self._spawn(rank, generation)

@@ -28,6 +28,7 @@ from resilience.record.memory import MemorySampler
 from resilience.record.board import create_board
 from resilience.supervise.observer import Observer, say
 from resilience.recovery.base import RecoveryPolicy
+from resilience.runtime import AgentService
 from resilience.strategies.base import CheckpointStrategy
 
 __all__ = ["Interrupted", "Supervisor", "say"]
@@ -98,6 +99,17 @@ class Supervisor(ABC):
         events.emit("supervisor_end", outcome=outcome, signal=self.interrupted_by, fsync=True)
         events.close()
         return outcome
+
+    def agent_services(self) -> list[AgentService]:
+        """What the strategy and the detectors run in the supervisor process across rank restarts (built once)."""
+        if not hasattr(self, "_services"):
+            found = [self.strategy.agent_service(), *(d.agent_service() for d in self.detectors)]
+            self._services = [s for s in found if s is not None]
+        return self._services
+
+    def worker_role(self) -> str:
+        """The role name of the rank processes: the one a service needs (e.g. DLRover's), else "rank"."""
+        return next((s.role for s in self.agent_services() if s.role), "rank")
 
     @abstractmethod
     def _run(self, events: EventLog, observer: Observer) -> str:
