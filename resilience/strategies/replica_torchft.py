@@ -11,6 +11,8 @@ When a group dies the others do not wait for it: once its heartbeats stop the li
 it, and they train on at reduced width (``strategy.min_replicas`` groups at least) until the supervisor's
 replacement heals into the quorum. The trajectory therefore differs from the fault-free run by design; what is
 checked instead is that every replica holds the same state after the heal (``ft_state`` hashes) and at the end.
+With ``min_replicas`` = every group no step commits without the dead one: the survivors wait for the replacement,
+as our ``replica`` does, and the run ends bit-exact with the fault-free one.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class ReplicaTorchft(PeerStrategy, StepControl):
             checkpoint_transport=self.transport, init_sync=False)
         state.model = ft.DistributedDataParallel(self.manager, self.module)
         self.optimizer = ft.Optimizer(self.manager, state.optimizer)
-        self._width, self._hash_next = 0, False
+        self._width, self._hash_next, self._dropped = 0, False, False
         if rt.attempt == 0:
             self._meet_first_members()
         return self
@@ -157,11 +159,11 @@ class ReplicaTorchft(PeerStrategy, StepControl):
             self.transport.received = None
             rt.events.emit("ckpt_loaded", step=step, source="replica:torchft", bytes=nbytes, duration_s=took)
             rt.events.emit("ft_heal", step=step, from_step=behind, transfer_s=transfer_s, bytes=nbytes, heal_s=took)
-        if width != self._width:
+        if width != self._width or self._dropped:  # a new quorum (a dropped step: its members may have changed)
             if rt.attempt < (generation := _generation(rt.run_dir)):
                 rt.events.attempt = generation  # a survivor lives on into the generation of the replacement
             rt.events.emit("ft_quorum", step=step, participants=width, previous=self._width, wait_s=took)
-            self._width, self._hash_next = width, True
+            self._width, self._hash_next, self._dropped = width, True, False
         return step
 
     def commit(self) -> bool:
@@ -169,6 +171,7 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         before = self.manager.current_step()
         self.optimizer.step()
         committed = self.manager.current_step() > before
+        self._dropped = not committed
         step = self.manager.current_step()
         self.rt.events.emit("ft_step", step=step, participants=self._width, committed=committed)
         if committed and self._hash_next:  # the first state of a new quorum: every member must hold the same
