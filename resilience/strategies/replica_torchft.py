@@ -95,8 +95,9 @@ class ReplicaTorchft(PeerStrategy, StepControl):
     def attach(self, rt) -> None:
         super().attach(rt)
         self.ft = self.library.load()
-        self.declare(self.applied_patches(), min_replicas=self.min_replicas, heartbeat_timeout_s=self.heartbeat_timeout_s,
-                     replica_groups=f"{rt.world_size} x 1 process", transport="http", async_quorum=False)
+        self.declare(self.applied_patches(), min_replicas=self.min_replicas,
+                     heartbeat_timeout_s=self.heartbeat_timeout_s, replica_groups=f"{rt.world_size} x 1 process",
+                     transport="http", async_quorum=False)
 
     def step_control(self, state: TrainState) -> StepControl:
         """The Manager of this rank's replica group, torchft's DDP around the bare model, its Optimizer around ours."""
