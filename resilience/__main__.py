@@ -27,6 +27,7 @@ from resilience.roles import Roles, build_roles
 from resilience.supervise.elastic import ElasticSupervisor
 from resilience.supervise.replacing import ReplacingSupervisor
 from resilience.supervise.supervisor import Supervisor, say
+from resilience.supervise.torchrun import TorchrunSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ def main(cfg: DictConfig) -> None:
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
     supervisor = supervisor_for(cfg, config_path, roles)
+    for caveat in getattr(supervisor, "caveats", list)():
+        print(f"warning: {caveat}", file=sys.stderr, flush=True)
     outcome = supervisor.run()
     result = write_result(run_dir)
     lock.release()  # held until here: the directory was this run's while anything could write to it
@@ -116,7 +119,10 @@ def own_checkpoint_dir(cfg: DictConfig, run_dir: Path) -> DirectoryLock:
 
 def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:
     """The supervisor the run's strategy needs: one that replaces only the failed ranks for a strategy that
-    recovers in place, PyTorch's elastic agent (every rank restarted) for the others."""
+    recovers in place, PyTorch's elastic agent (every rank restarted) for the others; the stock torchrun when
+    ``supervisor.launcher=torchrun`` asks for the unobserved baseline."""
+    if cfg.supervisor.launcher == "torchrun":
+        return TorchrunSupervisor(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
     kind = ReplacingSupervisor if roles.strategy.recovers_in_place else ElasticSupervisor
     return kind(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
 

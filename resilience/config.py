@@ -72,7 +72,7 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
 
 def _check_local_ranks(cfg: DictConfig, world: int) -> None:
     """The local supervisor starts every rank on this machine: refuse more than it can run (``auto``: 8 per core)."""
-    if cfg.supervisor.launcher != "local":
+    if cfg.supervisor.launcher == "external":
         return  # torchrun spreads the ranks over the cluster's nodes
     limit = cfg.supervisor.max_local_ranks
     if limit == "auto":
@@ -135,7 +135,7 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
                 "supervisor.monitor_interval_s", "supervisor.memory_sample_s"):
         _positive(cfg, key)
-    _choice(cfg, "supervisor.launcher", ("local", "external"))
+    _choice(cfg, "supervisor.launcher", ("local", "external", "torchrun"))
     _integer(cfg, "supervisor.spares", 0)
     device = _choice(cfg, "device", ("auto", "cpu", "cuda"))
     backend = _choice(cfg, "backend", ("auto", "gloo", "nccl"))

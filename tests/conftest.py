@@ -60,7 +60,7 @@ def reference(runs_root) -> dict:
 # End-to-end modules: every test starts real rank processes (seconds each). `pytest -m "not slow"` leaves them out,
 # with every test that needs a finished run (the session's reference run), for a fast round of the rest.
 E2E_MODULES = {"test_faults", "test_recovery", "test_replica", "test_extend", "test_pipeline", "test_parity", "test_peers",
-               "test_replica_torchft", "test_nvrx_heartbeat"}
+               "test_replica_torchft", "test_nvrx_heartbeat", "test_torchrun"}
 
 
 def pytest_collection_modifyitems(items) -> None:

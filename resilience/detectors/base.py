@@ -45,6 +45,11 @@ class Detector(Named, ABC):
         """Before launch: return why this detector cannot work here (it then reports that once), or None."""
         return None
 
+    def acts_in_supervisor(self) -> bool:
+        """Whether this detector overrides a supervisor-side hook (it then needs our supervisor to run)."""
+        return type(self).on_worker_failures is not Detector.on_worker_failures or \
+            type(self).on_poll is not Detector.on_poll or self.agent_service() is not None
+
     def agent_service(self) -> AgentService | None:
         """What this detector runs in the supervisor process for the whole run (None: nothing)."""
         return None

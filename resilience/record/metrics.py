@@ -46,7 +46,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "status": status,
         **run,
-        "supervised": _first(sup, "launch") is not None,  # False under torchrun: no detection events
+        # False under torchrun (launched by it, or supervisor.launcher=torchrun): no detection events
+        "supervised": launch is not None and launch.get("recovery") != "torchrun" and launch["rank"] is None,
         "attempts": final_attempt + 1,
         "steps_completed": max((e["step"] for e in rank0 if e["kind"] == "step_end" and e["attempt"] == final_attempt),
                                default=0),

@@ -56,7 +56,7 @@ def summarize(r: dict[str, Any]) -> str:
     if r["fault_injected"]:
         b = r["recovery_breakdown_s"]
         if not r.get("supervised", True):
-            lines.append("  (no detection events: the run was not supervised by this command)")
+            lines.append("  (no detection events: torchrun's agent, not ours, watched the ranks)")
         lines.append(f"  fault at step {r['fault_step']} on rank {r['fault_rank']}: detected={r['detected']} by "
                      f"{r['detector']} (blamed rank {r['detected_rank']}) after {_fmt(r['detection_latency_s'], ' s')}; "
                      f"recovered={r['recovered']} in {_fmt(r['recovery_time_s'], ' s')} "
