@@ -71,7 +71,7 @@ class ReplicaTorchft(PeerStrategy, StepControl):
 
     def __init__(self, every: int, keep: int, min_replicas: int = 1, heartbeat_timeout_s: float = 1.0,
                  join_timeout_s: float = 60.0, quorum_timeout_s: float = 60.0, timeout_s: float = 60.0,
-                 log_dir: str | None = None, patches: str | list[str] = "all") -> None:
+                 patches: str | list[str] = "all") -> None:
         super().__init__(every, keep)
         self.min_replicas = require_int("strategy.min_replicas", min_replicas, 1)
         self.heartbeat_timeout_s = require_number("strategy.heartbeat_timeout_s", heartbeat_timeout_s,
@@ -79,7 +79,6 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         self.join_timeout_s = require_number("strategy.join_timeout_s", join_timeout_s, above=0)
         self.quorum_timeout_s = require_number("strategy.quorum_timeout_s", quorum_timeout_s, above=0)
         self.timeout_s = require_number("strategy.timeout_s", timeout_s, above=0)
-        self.log_dir = log_dir
         self.choose_patches(patches)
 
     def check_host(self, workload: Workload, world_size: int) -> None:
@@ -89,7 +88,7 @@ class ReplicaTorchft(PeerStrategy, StepControl):
                              f"(each rank is one replica group)")
 
     def agent_service(self) -> Lighthouse:
-        return Lighthouse(self.log_dir, self.min_replicas, round(self.heartbeat_timeout_s * 1000),
+        return Lighthouse(self.min_replicas, round(self.heartbeat_timeout_s * 1000),
                           round(self.join_timeout_s * 1000), quorum_tick_ms=100)
 
     def attach(self, rt) -> None:

@@ -28,16 +28,14 @@ class Lighthouse:
 
     role = None  # nothing reads the workers' role name
 
-    def __init__(self, log_dir: str | None, min_replicas: int, heartbeat_timeout_ms: int, join_timeout_ms: int,
-                 quorum_tick_ms: int) -> None:
-        self.log_dir = log_dir
+    def __init__(self, min_replicas: int, heartbeat_timeout_ms: int, join_timeout_ms: int, quorum_tick_ms: int) -> None:
         self.args = ["--bind", "[::]:0", "--min_replicas", str(min_replicas),
                      "--heartbeat_timeout_ms", str(heartbeat_timeout_ms), "--join_timeout_ms", str(join_timeout_ms),
                      "--quorum_tick_ms", str(quorum_tick_ms)]
         self.proc: subprocess.Popen | None = None
 
     def start(self, run_id: str, run_dir: Path) -> None:
-        log = Path(self.log_dir or run_dir) / LOG_FILE
+        log = Path(run_dir) / LOG_FILE
         with open(log, "ab") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([_binary(), *self.args], stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
