@@ -199,6 +199,10 @@ def _name(v: dict[str, Any]) -> str:
              f"every{v['checkpoint.every']}", f"ws{v['world_size']}", f"steps{v['steps']}", f"seed{v['seed']}"]
     if v["recovery"] is not None:
         parts.append(v["recovery"])
+    if v["supervisor.launcher"] not in (None, "local"):  # the default launcher keeps today's names
+        parts.append(v["supervisor.launcher"])
+    if v["supervisor.spares"]:
+        parts.append(f"spares{v['supervisor.spares']}")
     return "-".join(str(p) for p in parts)
 
 
@@ -207,7 +211,8 @@ def _cell_overrides(v: dict[str, Any], extra: list[str]) -> list[str]:
     return [f"workload={v['workload']}", f"strategy={v['strategy']}", *fault.overrides(),
             f"detector=[{','.join(v['detectors'])}]", f"checkpoint.every={v['checkpoint.every']}",
             f"world_size={v['world_size']}", f"steps={v['steps']}", f"seed={v['seed']}",
-            *([f"recovery={v['recovery']}"] if v["recovery"] is not None else []), *extra]
+            *([f"recovery={v['recovery']}"] if v["recovery"] is not None else []),
+            *[f"{k}={v[k]}" for k in ("supervisor.launcher", "supervisor.spares") if v[k] is not None], *extra]
 
 
 if __name__ == "__main__":

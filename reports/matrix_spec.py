@@ -19,11 +19,13 @@ SAFE = re.compile(r"[A-Za-z0-9_.=-]+")
 AXES: dict[str, tuple[str | None, int]] = {
     "workload": ("workload", 0), "strategy": ("strategy", 0), "fault": ("fault", 0), "detectors": ("detector", 0),
     "checkpoint.every": (None, 1), "seed": (None, 0), "world_size": (None, 1), "steps": (None, 1),
-    "recovery": ("recovery", 0),
+    "recovery": ("recovery", 0), "supervisor.launcher": (None, 0), "supervisor.spares": (None, 0),
 }
 # Axes a matrix may leave out: then they take one value, None (the run's default or ``overrides``), and stay out
 # of the cell names, so that a matrix without them keeps its names.
-OPTIONAL_AXES = ("recovery",)
+OPTIONAL_AXES = ("recovery", "supervisor.launcher", "supervisor.spares")
+# Axes whose values are words from a fixed list (not options of a config group, not integers).
+CHOICE_AXES = {"supervisor.launcher": ("local", "torchrun")}
 
 
 class MatrixError(ValueError):
@@ -63,6 +65,8 @@ def parse_axes(raw: Any, where: str, conf_dir: Path) -> dict[str, list[Any]]:
             parsed = [_detectors(v, f"{key}[{i}]", _options(conf_dir, group)) for i, v in enumerate(values)]
         elif group:
             parsed = [_option(v, f"{key}[{i}]", _options(conf_dir, group)) for i, v in enumerate(values)]
+        elif axis in CHOICE_AXES:
+            parsed = [_option(v, f"{key}[{i}]", list(CHOICE_AXES[axis])) for i, v in enumerate(values)]
         else:
             parsed = [_int(v, f"{key}[{i}]", minimum) for i, v in enumerate(values)]
         ids = [f.label if isinstance(f, Fault) else f for f in parsed]
@@ -156,6 +160,8 @@ def parse_excludes(raw: Any, axes: dict[str, list[Any]], where: str,
                     continue
                 if group:
                     _option(x, where_x, _options(conf_dir, group))
+                elif k in CHOICE_AXES:
+                    _option(x, where_x, list(CHOICE_AXES[k]))
                 elif minimum is not None:
                     _int(x, where_x, minimum)
                 elif not isinstance(x, (str, int, float, bool)):

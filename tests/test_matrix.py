@@ -107,7 +107,20 @@ def test_adding_an_axis_value_never_renames_existing_cells():
     assert before <= {c.name for c in expand(grown).cells}
 
 
+def test_launcher_and_spares_axes_name_and_override_only_what_is_not_the_default():
+    cells = expand(spec(**{"axes.supervisor.launcher": ["local", "torchrun"], "axes.supervisor.spares": [0, 1],
+                           "exclude": [{"supervisor.launcher": "torchrun", "supervisor.spares": 1}]})).cells
+    before = {c.name for c in expand(spec(exclude=[])).cells}
+    local = [c for c in cells if "supervisor.launcher=local" in c.overrides and "supervisor.spares=0" in c.overrides]
+    assert {c.name for c in local} == before  # the default launcher and no spares: today's names
+    torchrun = [c for c in cells if "supervisor.launcher=torchrun" in c.overrides]
+    assert torchrun and all(c.name.endswith("-torchrun") for c in torchrun if not c.is_reference)
+    assert not any("supervisor.spares=1" in c.overrides for c in torchrun)
+    assert any(c.name.endswith("-spares1") for c in cells)
+
+
 @pytest.mark.parametrize("changes,key,allowed", [
+    ({"axes.supervisor.launcher": ["local", "slurm"]}, "axes.supervisor.launcher[1]=slurm", "allowed: local, torchrun"),
     ({"axes.sped": [0]}, "axes.sped", "allowed: workload, strategy"),
     ({"axes.seed": []}, "axes.seed", "non-empty list"),
     ({"axes.workload": ["gpt tiny"]}, "axes.workload[0]", "A-Z a-z 0-9 _ . = -"),

@@ -59,12 +59,21 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
     result.update(_peer(events))
     result.update(_replica_groups(events, run["world_size"]))
+    result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
     memory = _first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
     result["host_memory_peak_bytes"] = memory["peak_pss_bytes"] if memory else None
     hashes = {e["final_state_sha256"] for e in run_ends}
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
     result["replicas_agree"] = len(hashes) == 1 if hashes else None
     return result
+
+
+def _final_loss(events: list[dict]) -> float | None:
+    """The mean over the ranks of the loss of the last step each trained (the run's last step)."""
+    last = {e["rank"]: (e["step"], e["loss"]) for e in events if e["kind"] == "step_end" and "loss" in e}
+    end = max((s for s, _ in last.values()), default=None)
+    losses = [loss for s, loss in last.values() if s == end]
+    return sum(losses) / len(losses) if losses else None
 
 
 def _peer(events: list[dict]) -> dict[str, Any]:
@@ -95,13 +104,10 @@ def _replica_groups(events: list[dict], world_size: int) -> dict[str, Any]:
         if e["kind"] == "ft_state":
             by_step.setdefault(e["step"], set()).add(e["sha256"])
     final = {e["rank"]: e["final_state_sha256"] for e in events if e["kind"] == "run_end"}  # each rank's last
-    last_losses = {e["rank"]: (e["step"], e["loss"]) for e in events if e["kind"] == "step_end"}
-    end = max((s for s, _ in last_losses.values()), default=None)
-    losses = [loss for s, loss in last_losses.values() if s == end]
     reduced = {e["step"] for e in steps if e["committed"] and e["participants"] < world_size}
     out.update(bit_exact="not by design" if reduced else None, reduced_width_steps=len(reduced),
         replicas_consistent=all(len(h) == 1 for h in by_step.values()) and len(final) == world_size
-        and len(set(final.values())) == 1, final_loss=sum(losses) / len(losses) if losses else None)
+        and len(set(final.values())) == 1, final_loss=_final_loss(events))
     fault = _first(events, "fault_injected")
     if fault is None:
         return out
