@@ -97,6 +97,8 @@ for _figure in (
     Measured("detection", "Detection coverage", "reports.figures:detection", note="reports.tables:false_alarm_note"),
     Measured("timeline", "Timelines: one representative run per strategy", "reports.timeline:timeline"),
     Measured("peers", "Ours against the libraries", "reports.peers:peers", note="reports.peers:peers_note"),
+    Measured("recovery_peers", "Recovery without a checkpoint: ours against torchft and NVRx",
+             "reports.recovery_peers:recovery_peers"),
     Projected("goodput_vs_interval", "projection_interval_sweep.csv",
               "Projection: goodput against the checkpoint interval per strategy at the scenario's size; the star "
               "marks each strategy's optimal interval. Look at the height and the width of each peak: a flat peak "

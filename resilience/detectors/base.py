@@ -39,6 +39,7 @@ class Detector(Named, ABC):
     """Base of all detectors; a subclass overrides the hooks of its side."""
 
     needs_grad_norm: bool = False
+    compares_ranks: bool = False  # True: collectives across the world's ranks (every rank in the rank's group)
 
     # ---- supervisor side ----
     def start(self) -> str | None:

@@ -45,6 +45,8 @@ def odd_ranks(prints: list[tuple[int, ...]]) -> list[int]:
 
 class ReplicaFingerprint(Detector):
 
+    compares_ranks = True  # all-gathers the fingerprints over the rank's process group
+
     def __init__(self, every: int = 1, moment_groups: int = 4) -> None:
         self.every = require_int("detectors.replica_fingerprint.every", every, 1)
         self.moment_groups = require_int("detectors.replica_fingerprint.moment_groups", moment_groups, 1)

@@ -1,0 +1,106 @@
+"""Recovery without a checkpoint: ours against torchft and NVRx, beside checkpoint-restart and the stock torchrun.
+
+One row per (way of recovering, fault) over the matrix's faulted runs of ``sync`` (checkpoint-restart by our
+supervisor, or by the stock torchrun: ``supervisor.launcher=torchrun``), ``replica`` (with and without a warm
+spare) and ``replica_torchft``, and of any strategy whose hang detector is NVRx's (``nvrx_heartbeat``): who
+detected the fault and how fast, the recovery time and its parts, whether the survivors were restarted, the steps
+lost, the steps trained at reduced width, the final loss against the fault-free reference, and the verdict: bit-exact,
+or (torchft at reduced width, by design) whether every replica ended consistent.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from reports.tables import col, order
+
+STRATEGIES = ("sync", "replica", "replica_torchft")
+
+
+def label(run: pd.Series) -> str:
+    """The way a run recovered: its strategy and what of the launcher, spares and hang detector is not ours."""
+    text = str(run["cell.strategy"])
+    if str(run.get("cell.supervisor.launcher")) == "torchrun":
+        text += " via torchrun"
+    if (pd.to_numeric(run.get("cell.supervisor.spares"), errors="coerce") or 0) > 0:
+        text += " + warm spare"
+    if str(run.get("cell.detectors", "")).startswith("nvrx_heartbeat"):
+        text += " (NVRx detects)"
+    return text
+
+
+def rows_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """The faulted runs this section compares (with their label)."""
+    if frame.empty or "cell.strategy" not in frame:
+        return frame.iloc[0:0]
+    faulted = frame[(frame.get("cell.fault", pd.Series("none", index=frame.index)) != "none")
+                    & ~frame.get("is_reference", pd.Series(False, index=frame.index)).astype(bool)]
+    nvrx = faulted.get("cell.detectors", pd.Series("", index=faulted.index)).astype(str).str.contains("nvrx")
+    mine = faulted[faulted["cell.strategy"].isin(STRATEGIES) | nvrx]
+    return mine.assign(way=mine.apply(label, axis=1)) if len(mine) else mine
+
+
+def recovery_peers_table(frame: pd.DataFrame) -> pd.DataFrame:
+    runs = rows_of(frame)
+    if runs.empty:
+        return pd.DataFrame()
+    loss = dict(zip(frame["cell"], col(frame, "final_loss"))) if "cell" in frame else {}
+    out = []
+    for (way, fault), group in runs.groupby(["way", "cell.fault_label"], sort=False):
+        ref_loss = pd.Series([loss.get(r, float("nan")) for r in group.get("reference_cell", [])], dtype=float)
+        delta = (col(group, "final_loss").reset_index(drop=True) - ref_loss).median()
+        out.append({
+            "way": way, "fault": fault, "n": len(group),
+            "detected_by": ", ".join(sorted({str(d) for d in group.get("detector", pd.Series()).dropna()})) or "-",
+            "detection_s": col(group, "detection_latency_s").median(),
+            "recovery_s": col(group, "recovery_time_s").median(),
+            "restart_s": col(group, "recovery_breakdown_s.restart").median(),
+            "load_or_heal_s": col(group, "recovery_load_s").median(),
+            "replay_s": col(group, "recovery_breakdown_s.replay").median(),
+            "survivors_restarted": _yes_no(group.get("survivors_restarted")),
+            "lost_steps": col(group, "lost_steps").median(),
+            "reduced_width_steps": col(group, "reduced_width_steps").fillna(0).median(),
+            "final_loss_delta": delta,
+            "verdict": _verdict(group),
+        })
+    return pd.DataFrame(out)
+
+
+def recovery_peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
+    table = recovery_peers_table(frame)
+    if table.empty:
+        fig, ax = plt.subplots(figsize=(8, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "Recovery without a checkpoint\nno data: the matrix ran no replica, torchft, torchrun or "
+                          "NVRx row", ha="center", va="center")
+        return fig, table
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(table) + 1.5))
+    sns.barplot(table, y="way", x="recovery_s", hue="fault", ax=ax, order=order(table, "way"))
+    ax.set(xlabel="recovery time, fault to training again (s, median)", ylabel="")
+    fig.tight_layout()
+    return fig, table
+
+
+def _yes_no(values: pd.Series | None) -> str:
+    seen = {bool(v) for v in (values.dropna() if values is not None else [])}
+    return {frozenset({True}): "yes", frozenset({False}): "no"}.get(frozenset(seen), "mixed" if seen else "-")
+
+
+def _verdict(group: pd.DataFrame) -> str:
+    absent = pd.Series(None, index=group.index, dtype=object)
+    by_design = group.get("bit_exact", absent).astype(str).eq("not by design")
+    exact = group.get("matches_reference", absent)
+    parts = []
+    if by_design.any():
+        consistent = group.get("replicas_consistent", absent)[by_design]
+        parts.append(f"not bit-exact by design (reduced width) in {int(by_design.sum())}/{len(group)}; replicas "
+                     f"consistent in {int((consistent.astype(str) == 'True').sum())}/{int(by_design.sum())}")
+    held = group[~by_design]
+    if len(held):
+        ok = int((exact[~by_design].astype(str) == "True").sum())
+        parts.append(f"bit-exact {ok}/{len(held)}" if ok == len(held) else f"NOT bit-exact in {len(held) - ok}/"
+                     f"{len(held)}")
+    return "; ".join(parts)
