@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Callable, Protocol
 
@@ -67,12 +68,22 @@ class ProcessGroup(Protocol):
     """The rank's process group (``resilience.rank.group.RankGroup``)."""
 
     generation: int
+    timeout: timedelta  # of every collective, and of the wait for a replacement
 
     @property
     def in_place(self) -> bool: ...
 
     def rejoin(self, error: BaseException) -> int:
         """Re-form the group with a replacement after ``error``; return the new generation (or re-raise)."""
+
+    def shrink(self, error: BaseException) -> list[int]:
+        """Form a group of the survivors only after ``error``; return the ranks being replaced (or re-raise)."""
+
+    def replacements_ready(self, failed: list[int]) -> bool:
+        """Whether the replacements of ``failed`` are forming the full group."""
+
+    def regrow(self) -> None:
+        """Leave the survivors' group and form the full one with the replacements."""
 
 
 class ModelWrap(Protocol):

@@ -61,3 +61,56 @@ def test_exhausted_budget_is_unrecovered_and_detection_without_fault_is_a_false_
 def test_harness_failure_without_fault_is_an_error():
     log = [ev(0.0, "launch", rank=None), ev(1.0, "run_start"), ev(2.0, "supervisor_end", rank=None, outcome="failed")]
     assert compute_result(log, RUN)["status"] == "error"
+
+
+def continued_log():
+    """Our replica with ``while_replacing=continue``: rank 1 dies after step 2, rank 0 trains steps 3 and 4 alone,
+    the replacement starts, heals at step 4 and both train step 5 (the heal is replica_heal, the survivor's side
+    rejoined)."""
+    return [
+        ev(0.0, "launch", rank=None),
+        ev(1.0, "run_start"), ev(1.0, "run_start", rank=1),
+        ev(1.0, "replica_mode", while_replacing="continue"), ev(1.0, "replica_mode", rank=1, while_replacing="continue"),
+        ev(1.5, "step_end", step=1, loss=3.0, duration_s=0.5), ev(1.5, "step_end", rank=1, step=1, loss=3.0,
+                                                                   duration_s=0.5),
+        ev(2.0, "step_end", step=2, loss=2.5, duration_s=0.5), ev(2.0, "step_end", rank=1, step=2, loss=2.5,
+                                                                   duration_s=0.5),
+        ev(2.1, "fault_injected", rank=1, step=2),
+        ev(2.2, "peer_lost", step=2), ev(2.2, "fault_detected", rank=None, detector="process_exit", blamed_rank=1),
+        ev(2.3, "restart", rank=None, attempt=1, ranks=[1]),
+        ev(2.4, "reduced_group", attempt=1, step=2, participants=1),
+        ev(2.8, "step_end", attempt=1, step=3, loss=2.2, duration_s=0.4),
+        ev(3.2, "step_end", attempt=1, step=4, loss=2.0, duration_s=0.4),
+        ev(4.3, "run_start", rank=1, attempt=1),
+        ev(4.5, "rejoined", attempt=1, step=4),
+        ev(4.5, "replica_heal", rank=1, attempt=1, step=4, transfer_s=0.15, bytes=1000, heal_s=0.2),
+        ev(4.5, "ckpt_loaded", rank=1, attempt=1, step=4, source="replica:0", bytes=1000, duration_s=0.2),
+        ev(4.5, "resumed", rank=1, attempt=1, step=4),
+        ev(5.0, "step_end", attempt=1, step=5, loss=1.8, duration_s=0.5),
+        ev(5.0, "step_end", rank=1, attempt=1, step=5, loss=1.6, duration_s=0.5),
+        ev(5.1, "run_end", attempt=1, step=5, final_state_sha256="abc"),
+        ev(5.1, "run_end", rank=1, attempt=1, step=5, final_state_sha256="abc"),
+        ev(6.0, "supervisor_end", rank=None, attempt=1, outcome="succeeded"),
+    ]
+
+
+def test_our_replica_has_the_measures_of_torchft_under_the_same_names():
+    r = compute_result(continued_log(), {**RUN, "strategy": "replica", "steps": 5})
+    assert r["status"] == "ok" and r["recovered"] and r["lost_steps"] == 0 and r["survivors_restarted"] is False
+    assert r["while_replacing"] == "continue" and r["bit_exact"] == "not by design"
+    assert r["reduced_width_steps"] == 2 and r["replicas_consistent"] is True
+    assert [round(r[k], 6) for k in ("quorum_detection_s", "survivors_stall_s", "replacement_start_s", "heal_s",
+                                     "heal_transfer_s")] == [0.3, 0.7, 2.0, 0.2, 0.15]
+    assert r["heal_bytes"] == 1000 and abs(r["final_loss"] - 1.7) < 1e-9
+    # The replacement ending in another state is what the check exists for.
+    log = continued_log()
+    log[-2] = {**log[-2], "final_state_sha256": "abd"}
+    assert compute_result(log, {**RUN, "strategy": "replica", "steps": 5})["replicas_consistent"] is False
+
+
+def test_our_replica_waiting_has_no_reduced_width_step_and_is_held_to_the_bit_exact_check():
+    log = [e for e in continued_log() if e["kind"] != "reduced_group"]
+    log = [{**e, "while_replacing": "wait"} if e["kind"] == "replica_mode" else e for e in log]
+    r = compute_result(log, {**RUN, "strategy": "replica", "steps": 5})
+    assert r["while_replacing"] == "wait" and r["reduced_width_steps"] == 0 and r["bit_exact"] is None
+    assert r["quorum_detection_s"] is None and abs(r["survivors_stall_s"] - 0.7) < 1e-9

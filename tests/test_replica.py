@@ -129,6 +129,45 @@ def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, descripti
     assert len([e for e in events if e["kind"] == "fault_detected"]) == 1  # a heartbeat kill is no second fault
     rejoined = [e for e in events if e["kind"] == "rejoined"]
     assert [e["rank"] for e in rejoined] == [1 - failed] and rejoined[0]["generation"] == 1
+    # torchft's measures, under the same names (issue 14): the survivors waited, so no step ran at reduced width.
+    assert result["while_replacing"] == "wait" and result["reduced_width_steps"] == 0 and result["bit_exact"] is None
+    assert result["replicas_consistent"] is True and result["quorum_detection_s"] is None
+    assert result["heal_bytes"] == result["recovery_bytes"] and 0 < result["heal_transfer_s"] <= result["heal_s"]
+    assert 0 < result["replacement_start_s"] < result["survivors_stall_s"]
+
+
+CONTINUE = [
+    ("the survivor trains alone until the end; the replacement heals into the final state", ()),
+    ("a warm spare is ready mid-run: it heals at a step boundary and both train on", ("supervisor.spares=1",)),
+]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("description,overrides", CONTINUE, ids=["late", "spare"])
+def test_while_replacing_continue_trains_at_reduced_width_and_heals_consistent(tmp_path, reference, description,
+                                                                                overrides):
+    run_dir = tmp_path / "run"
+    result = run_experiment(run_dir, *COMMON, "strategy.while_replacing=continue", "fault=kill", "fault.rank=1",
+                            "fault.at_step=13", *overrides)
+    assert result["status"] == "ok" and result["recovered"] and result["steps_completed"] == 30, description
+    assert result["survivors_restarted"] is False and result["lost_steps"] == 0
+    assert len(_pids_by_rank(run_dir)[0]) == 1, "the survivor was restarted"
+    assert result["while_replacing"] == "continue" and result["replicas_consistent"] is True
+    assert result["replicas_agree"] and result["quorum_detection_s"] > 0 and result["replacement_start_s"] > 0
+    assert result["heal_bytes"] > 1_000_000 and result["heal_transfer_s"] > 0
+    healed_at = [e["step"] for e in read_events(run_dir) if e["kind"] == "replica_heal"]
+    assert len(healed_at) == 1 and 13 <= healed_at[0] <= 30
+    assert result["reduced_width_steps"] == healed_at[0] - 13
+    if result["reduced_width_steps"]:  # another trajectory by design: what applies is the replicas' agreement
+        assert result["bit_exact"] == "not by design"
+        assert result["final_state_sha256"] != reference["final_state_sha256"]
+    else:  # a spare ready at the survivors' first step boundary: nothing ran at reduced width, so bit-exact
+        assert result["bit_exact"] is None and result["final_state_sha256"] == reference["final_state_sha256"]
+    if overrides:  # the spare was ready long before the end: both replicas trained after the heal
+        assert healed_at[0] < 30
+    else:  # a replacement started from scratch takes longer than the 17 steps the survivor has left
+        assert result["reduced_width_steps"] >= 1
+        assert result["quorum_detection_s"] < result["survivors_stall_s"] < result["replacement_start_s"]
 
 
 @pytest.mark.timeout(240)
@@ -143,6 +182,7 @@ BAD = [
     (("fault=kill", "fault.phase=during_checkpoint", "fault.at_step=10"), "fault.phase=during_checkpoint",
      "never checkpoints"),
     (("supervisor.launcher=external",), "supervisor.launcher=external", "replaces failed ranks"),
+    (("strategy.while_replacing=later",), "strategy.while_replacing=later", "wait, continue"),
 ]
 
 

@@ -14,6 +14,7 @@ optimizer state: no staging copy, so a 1 GB state needs no extra 1 GB on either 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ class Reconciled:
     source: int  # the rank whose state everyone now holds
     received: bool  # this rank received the state
     nbytes: int  # bytes this rank sent or received
+    transfer_s: float  # this rank's sends or receives alone (0 when it moved nothing)
 
 
 def reconcile(state: TrainState, position: int | None, device: torch.device) -> Reconciled:
@@ -57,12 +59,13 @@ def reconcile(state: TrainState, position: int | None, device: torch.device) -> 
     # the seed, and the optimizer has no state yet to send.
     behind = [r for r, p in enumerate(positions) if p != best] if best > 0 else []
     nbytes = 0
+    t0 = time.monotonic()
     if rank == source:
         for dst in behind:
             nbytes += send_state(state, dst, device)
     elif rank in behind:
         nbytes = recv_state(state, source, device)
-    return Reconciled(best, source, rank in behind, nbytes)
+    return Reconciled(best, source, rank in behind, nbytes, time.monotonic() - t0 if nbytes else 0.0)
 
 
 def replica_state(state: TrainState) -> dict[str, Any]:

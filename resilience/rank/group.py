@@ -9,6 +9,7 @@ G+1 without seeing a stale key of G; this is how torchft's managers re-form thei
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from datetime import timedelta
@@ -17,6 +18,17 @@ import torch.distributed as dist
 
 STORE_ENV = "RB_STORE"  # host:port of the replacing supervisor's store; absent: torchelastic's env:// rendezvous
 GENERATION_KEY = "generation"
+
+
+def failed_key(generation: int) -> str:
+    """The ranks a generation replaces (JSON list), set by the supervisor before it opens the generation."""
+    return f"gen{generation}/failed"
+
+
+def joining_key(generation: int, rank: int) -> str:
+    """Set by a replacement just before it forms its generation's group: survivors training on at reduced width
+    see that it is ready to heal."""
+    return f"gen{generation}/joining/{rank}"
 
 
 class RankGroup:
@@ -46,6 +58,8 @@ class RankGroup:
         elif self.store is None:
             dist.init_process_group(self.backend, timeout=self.timeout)
         else:
+            if self.generation > 0:
+                self.store.set(joining_key(self.generation, self.rank), "1")
             dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{self.generation}/", self.store),
                                     rank=self.rank, world_size=self.world_size, timeout=self.timeout)
 
@@ -55,6 +69,31 @@ class RankGroup:
         Re-raises ``error`` when this process cannot stay (no replacing supervisor), or when no new generation
         opens within the collective timeout: then the error was not a lost peer, and this rank fails for real.
         """
+        self.generation = self._next_generation(error)
+        self.join()
+        return self.generation
+
+    def shrink(self, error: BaseException) -> list[int]:
+        """After ``error``: like ``rejoin``, but form a group of the survivors only (renumbered densely, in rank
+        order) on the new generation's ``reduced/`` keys, to train on while the replacement starts; return the
+        ranks being replaced. ``regrow`` later forms the generation's full group with the replacement."""
+        self.generation = self._next_generation(error)
+        failed = json.loads(self.store.get(failed_key(self.generation)))
+        survivors = [r for r in range(self.world_size) if r not in failed]
+        dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{self.generation}/reduced/", self.store),
+                                rank=survivors.index(self.rank), world_size=len(survivors), timeout=self.timeout)
+        return failed
+
+    def replacements_ready(self, failed: list[int]) -> bool:
+        """Whether every replacement of this generation is forming the full group (``join``)."""
+        return self.store.check([joining_key(self.generation, r) for r in failed])
+
+    def regrow(self) -> None:
+        """Leave the survivors' group and form the generation's full group with the replacements."""
+        dist.destroy_process_group()
+        self.join()
+
+    def _next_generation(self, error: BaseException) -> int:
         if self.store is None or self.solo:
             raise error
         dist.destroy_process_group()  # the broken group: its peers' sockets are gone
@@ -63,6 +102,4 @@ class RankGroup:
             if time.monotonic() > deadline:
                 raise error
             time.sleep(0.02)
-        self.generation = latest
-        self.join()
         return latest

@@ -4,7 +4,8 @@ One attempt on one rank:
 
 1. ``strategy.load`` restores the newest good checkpoint (or none: start at step 0);
 2. for each step from there:
-   ``control.begin`` (the step's position) -> ``fault_hook("before_forward")`` -> beat -> batch -> forward ->
+   ``strategy.before_step`` (``replica`` at reduced width takes the replacement in) -> ``control.begin`` (the
+   step's position) -> ``fault_hook("before_forward")`` -> beat -> batch -> forward ->
    beat -> backward (DDP all-reduces the gradients) -> beat -> ``fault_hook("before_optimizer_step")`` ->
    ``detectors.on_backward`` -> ``control.commit`` (the optimizer step) -> beat -> ``step_end`` event ->
    ``detectors.on_step_end`` -> ``strategy.save`` (beating ``CKPT_IO`` around it; it calls
@@ -67,6 +68,7 @@ class Trainer:
         step = start
         while step < self.steps:
             try:
+                step = ev.step = self.position = self.strategy.before_step(self.state, step)
                 step = ev.step = self.position = self.control.begin(step)
                 if step >= self.steps:
                     self._check_resumed(step)

@@ -79,6 +79,11 @@ class CheckpointStrategy(Named, ABC):
                             duration_s=time.monotonic() - t0)
         return step
 
+    def before_step(self, state: TrainState, position: int) -> int:
+        """Before each step: return the position to train from (a strategy recovering in place may take a
+        replacement in here and move it); the default changes nothing."""
+        return position
+
     def recover(self, state: TrainState, position: int, error: BaseException) -> int:
         """A collective failed with ``error`` after ``position`` optimizer steps: recover in place and return the
         position to go on from, or re-raise ``error`` (the default: this process fails and is restarted)."""

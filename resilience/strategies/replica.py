@@ -2,51 +2,128 @@
 
 No checkpoint is ever written. In data-parallel training every rank holds a full replica of the model and the
 optimizer, so when one rank dies the state is still in its peers' memory. The survivors keep running: their
-collective fails, they wait for the supervisor to start a replacement (``resilience.supervise.replacing``), re-form the
-process group with it (``resilience.rank.group``), make the replicas consistent, and the replacement receives model and
-optimizer state from a healthy replica (``resilience.ckpt.transfer``). Nothing is reloaded from disk and no
-step is lost; the cost is the replacement's start-up plus one state transfer. It cannot survive the loss of every
-replica at once (then the run fails, and says so).
+collective fails, the supervisor starts a replacement for the dead rank (``resilience.supervise.replacing``), and
+the replacement receives model and optimizer state from a healthy replica (``resilience.ckpt.transfer``). Nothing
+is reloaded from disk and no step is lost. It cannot survive the loss of every replica at once (then the run
+fails, and says so). What the survivors do while the replacement starts is ``strategy.while_replacing``:
+
+* ``wait`` (Swift): they wait for it, re-form the group with it (``resilience.rank.group``), make the replicas
+  consistent and go on. The cost is the replacement's start-up plus one state transfer; the run ends bit-exact
+  with the fault-free one.
+* ``continue`` (torchft): they form a group of their own at once and train on at reduced width; when the
+  replacement is ready they take it in at the next step boundary and it heals from the most advanced replica. At
+  reduced width each survivor trains its own shard of each step's data, ``batch(step, rank)`` as before, and the
+  gradients are averaged over the survivors only: the global batch of those steps is smaller (the dead rank's
+  shards are skipped, not redistributed), as in torchft. The trajectory therefore differs from the fault-free run
+  by design (``bit_exact`` says so in ``result.json``); what is checked is that every replica ends in the same state.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
+import torch.distributed as dist
+
+from resilience.checks import require_choice
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.transfer import reconcile
+
+MODES = ("wait", "continue")
 
 
 class ReplicaRecovery(CheckpointStrategy):
     saves = False
     recovers_in_place = True
 
+    def __init__(self, every: int, keep: int, while_replacing: str = "wait") -> None:
+        super().__init__(every, keep)
+        self.while_replacing = require_choice("strategy.while_replacing", while_replacing, MODES)
+        self._replacing: list[int] | None = None  # at reduced width: the ranks being replaced
+        self._state: TrainState | None = None
+
     def _save(self, step: int, state: TrainState) -> None:
         raise AssertionError("replica never saves")
 
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
-        if self.rt.attempt == 0:
+        rt = self.rt
+        if rt.attempt == 0:
+            rt.events.emit("replica_mode", while_replacing=self.while_replacing)
             return None  # the first generation: every rank builds the same initial state from the seed
         # A replacement, in the group its survivors re-formed with it: take the state of a healthy replica.
-        done = reconcile(state, None, self.rt.device)
+        t0 = time.monotonic()
+        done = reconcile(state, None, rt.device)
+        rt.events.emit("replica_heal", step=done.position, source=f"replica:{done.source}",
+                       transfer_s=done.transfer_s, bytes=done.nbytes, heal_s=time.monotonic() - t0)
         return done.position, f"replica:{done.source}", done.nbytes
 
     def recover(self, state: TrainState, position: int, error: BaseException) -> int:
-        """A survivor: re-form the group with the replacement, reconcile, go on (see the module docstring)."""
+        """A survivor: re-form the group (with the replacement, or without it at reduced width), go on."""
         rt = self.rt
         t0 = time.monotonic()
         rt.events.emit("peer_lost", step=position, error=f"{type(error).__name__}: {error}"[:300], fsync=True)
+        if self.while_replacing == "continue" and self._replacing is None:
+            self._replacing = rt.group.shrink(error)  # re-raises if no replacement comes: this rank fails too
+            self._state = state
+            rt.events.attempt = rt.group.generation
+            self._rewrap(state)
+            rt.events.emit("reduced_group", step=position, generation=rt.group.generation,
+                           participants=rt.world_size - len(self._replacing), replacing=self._replacing,
+                           duration_s=time.monotonic() - t0)
+            return position
+        # wait mode, or a collective failed at reduced width (a survivor or the replacement was lost): wait for the
+        # next generation with all of them
+        self._replacing = None
         generation = rt.group.rejoin(error)  # re-raises if no replacement comes: then this rank fails too
         t_joined = time.monotonic()
         rt.events.attempt = generation  # this process lives on into the new generation (rt.attempt follows)
-        state.model = rt.wrap_model(state.model.module)  # the old DDP is bound to the broken group
+        return self._heal(state, position, t0, t_joined)
+
+    def before_step(self, state: TrainState, position: int) -> int:
+        """At reduced width: take the replacements in once every one is ready (all survivors decide together)."""
+        if self._replacing is None:
+            return position
+        self._state = state  # for ``wait``, at the end of the run
+        ready = torch.tensor([int(self.rt.group.replacements_ready(self._replacing))], dtype=torch.int64,
+                             device=self.rt.device)
+        dist.all_reduce(ready, op=dist.ReduceOp.MIN)  # a survivor that has not seen them yet keeps the others
+        if not ready.item():
+            return position
+        t0 = time.monotonic()
+        self._replacing = None
+        self.rt.group.regrow()
+        return self._heal(state, position, t0, time.monotonic())
+
+    def wait(self) -> None:
+        """The end of the run at reduced width: the replacement heals into the final state before anyone leaves
+        (else it would wait in vain for its group and the run could not end with every replica)."""
+        if self._replacing is None:
+            return
+        deadline = time.monotonic() + self.rt.group.timeout.total_seconds()
+        while not self.rt.group.replacements_ready(self._replacing):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica: the replacement of rank(s) {self._replacing} did not join within "
+                                   f"{self.rt.group.timeout.total_seconds():.0f} s (timeouts.collective_s)")
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        self._replacing = None
+        self.rt.group.regrow()
+        self._heal(self._state, self.rt.events.step, t0, time.monotonic())
+
+    def _rewrap(self, state: TrainState) -> None:
+        state.model = self.rt.wrap_model(state.model.module)  # the old DDP is bound to the broken group
         state.optimizer.zero_grad(set_to_none=True)  # a backward cut short may have left partial gradients
+
+    def _heal(self, state: TrainState, position: int, t0: float, t_joined: float) -> int:
+        """In the full group again: every rank takes the most advanced replica's state (the replacement's heal)."""
+        rt = self.rt
+        self._rewrap(state)
         done = reconcile(state, position, rt.device)
-        rt.events.emit("rejoined", step=done.position, generation=generation, from_step=position,
+        rt.events.emit("rejoined", step=done.position, generation=rt.group.generation, from_step=position,
                        source=f"replica:{done.source}", received=done.received, bytes=done.nbytes,
                        rejoin_s=t_joined - t0, duration_s=time.monotonic() - t0)
         if rt.rank == 0:
-            print(f"[rank 0 attempt {generation}] rejoined the group at step {done.position} "
+            print(f"[rank 0 attempt {rt.group.generation}] rejoined the group at step {done.position} "
                   f"(state from rank {done.source})", flush=True)
         return done.position

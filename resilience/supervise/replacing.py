@@ -9,6 +9,7 @@ replacement, and hand it their state (``resilience.strategies.replica``). The re
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from resilience.record.events import EventLog
-from resilience.rank.group import GENERATION_KEY, STORE_ENV
+from resilience.rank.group import GENERATION_KEY, STORE_ENV, failed_key
 from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
 from resilience.rank.spare import SPARE_ENV, assign_key
@@ -99,6 +100,7 @@ class ReplacingSupervisor(Supervisor):
         self._generation += 1
         generation = events.attempt = self._generation
         reset_board(self.run_dir, self.world_size, ranks=failed)
+        self._store.set(failed_key(generation), json.dumps(failed))  # before the generation: survivors read it then
         self._store.set(GENERATION_KEY, str(generation))  # survivors waiting to re-form the group see it now
         for service in self.agent_services():
             service.before_restart()
