@@ -61,6 +61,11 @@ def map_tensors(fn: Any, obj: Any) -> Any:
     return obj
 
 
+def tensor_bytes(sd: dict[str, Any]) -> int:
+    """The bytes of every tensor in a nested state: what a load from memory moved."""
+    return sum(v.numel() * v.element_size() for _, v in _flatten(sd) if isinstance(v, torch.Tensor))
+
+
 def state_crc32(sd: dict[str, Any]) -> int:
     """CRC32 over every tensor's bytes and every scalar, in sorted-key order: a fast fingerprint (about 1 GB/s)
     that a state loaded back must reproduce exactly."""

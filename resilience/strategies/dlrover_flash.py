@@ -42,7 +42,7 @@ import torch.distributed as dist
 from resilience.checks import require_int
 from resilience.record.fsio import atomic_write_json
 from resilience.runtime import NodeMemory
-from resilience.state import TrainState, map_tensors, state_crc32
+from resilience.state import TrainState, map_tensors, state_crc32, tensor_bytes
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
 
@@ -161,7 +161,7 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             sd = map_tensors(torch.Tensor.clone, sd)  # clone_loaded_state
         step = int(sd.pop("step"))
         state.load_state_dict(sd)
-        return step, source, self.dirs.size(entry) if source == "disk" else 0
+        return step, source, self.dirs.size(entry) if source == "disk" else tensor_bytes(sd)
 
     def _from_memory(self) -> tuple[int, dict]:
         """What the library's ``load_checkpoint`` takes first: the shared-memory copy, if one survived (its
