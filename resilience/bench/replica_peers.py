@@ -14,8 +14,9 @@ rank-to-rank bandwidth (``p2p_GBps``: gloo send/recv). A warm spare has paid the
 may fall below 1. The probe's figures come from its cache when this host was probed (``python -m
 resilience.bench.probe``), else only its rank measurement runs (a few seconds; the disk is not probed).
 
-Duration of the default run on the project's 2-core VM, under another engineer's load: ~40 s per gpt_small run and
-~60-90 s per dlrm_emb run, 18 runs: ~20 min. ``--workloads gpt_small --repeats 1`` takes ~2 min.
+Duration on the project's 2-core VM under another engineer's load (load average ~5), measured: ~70 s per gpt_small
+run, 15 s (ours) to 52 s (torchft's slow 1.1 GB heal) per dlrm_emb run; the default 18 runs: ~15-20 min.
+``--workloads gpt_small --repeats 1`` took 3.5 min.
 """
 
 from __future__ import annotations
