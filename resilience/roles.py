@@ -16,7 +16,6 @@ from injectors.base import Injector
 from resilience.detectors.base import Detector
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.owned_step import OwnsStep
 from resilience.workloads.base import Workload
 
 
@@ -64,11 +63,12 @@ def _check_together(cfg: DictConfig, roles: Roles) -> None:
         # never a silent pass: the fault would fire and change nothing this strategy writes
         raise ValueError(f"fault={roles.injector.name}: not applicable to strategy={strategy.name}, whose checkpoint "
                          f"files do not go through DCP's file-system layer that this fault acts on (docs/peers.md)")
-    if isinstance(strategy, OwnsStep):
+    if not strategy.keeps_world_group():
         crossing = [d.name for d in roles.detectors if d.compares_ranks]
-        if crossing:  # each rank is its own group there: the comparison would be of a rank with itself
-            raise ValueError(f"detector={','.join(crossing)}: compares the ranks over their process group, but "
-                             f"strategy={strategy.name} gives each rank its own; leave it out of the detector list")
+        if crossing:  # a rank alone in its group would be compared with itself, a shrunk group's ranks misnamed
+            raise ValueError(f"detector={','.join(crossing)}: compares the ranks over the whole world's group, which "
+                             f"strategy={strategy.name} does not keep (its own groups, or a shrunk one); leave it out "
+                             f"of the detector list")
     hosted = [r.name for r in (strategy, *roles.detectors) if r.agent_service() is not None]
     if cfg.supervisor.launcher != "local" and hosted:
         raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: {', '.join(hosted)} runs part of itself in "

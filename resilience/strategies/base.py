@@ -35,6 +35,11 @@ class CheckpointStrategy(Named, ABC):
         """The service this strategy provides to the rank's runtime: what its nodes hold in memory (None: nothing)."""
         return None
 
+    def keeps_world_group(self) -> bool:
+        """Whether every rank's process group is the whole world for the run's life (a detector that compares the
+        ranks needs it); False where ranks train in groups of their own or a group shrinks while a rank is replaced."""
+        return True
+
     def writes_through_checkpoint_fs(self) -> bool:
         """Whether every checkpoint file goes through the runtime's ``ckpt_fs`` (DCP's file-system layer), the
         seam that disk faults act on; False for a writer that opens its files itself."""

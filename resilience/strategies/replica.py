@@ -37,6 +37,9 @@ class ReplicaRecovery(CheckpointStrategy):
     saves = False
     recovers_in_place = True
 
+    def keeps_world_group(self) -> bool:
+        return self.while_replacing == "wait"  # continue: the survivors train on in a group of their own
+
     def __init__(self, every: int, keep: int, while_replacing: str = "wait") -> None:
         super().__init__(every, keep)
         self.while_replacing = require_choice("strategy.while_replacing", while_replacing, MODES)

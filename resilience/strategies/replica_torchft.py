@@ -66,6 +66,9 @@ PATCHES = (
 class ReplicaTorchft(PeerStrategy, StepControl):
     saves = False
     recovers_in_place = True  # the supervisor replaces only the dead group; the others never stop
+
+    def keeps_world_group(self) -> bool:
+        return False  # each rank is its own replica group
     library = PeerLibrary("torchft", "torchft", extra="torchft")
     known_patches = PATCHES
 
