@@ -61,12 +61,28 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result.update(_replica_groups(events, run["world_size"]))
     result.update(_replica_recovery(events, run["world_size"]))  # our replica's, under the same names
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
+    result["validity"] = _validity(_first(sup, "host_load"))
     memory = _first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
     result["host_memory_peak_bytes"] = memory["peak_pss_bytes"] if memory else None
     hashes = {e["final_state_sha256"] for e in run_ends}
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
     result["replicas_agree"] = len(hashes) == 1 if hashes else None
     return result
+
+
+def _validity(load: dict | None) -> dict[str, Any]:
+    """Whether the host was quiet enough while the run was measured (``resilience.record.host_load``): "valid",
+    "noisy" (with the figures over their thresholds) or "unknown" (not recorded: an older run, or no /proc)."""
+    if load is None or load.get("other_cpu_frac") is None:
+        return {"verdict": "unknown", "reasons": []}
+    limits = load.get("thresholds", {})
+    checks = (("other_cpu_frac", "max_other_cpu", "other processes' CPU"), ("steal_frac", "max_steal", "CPU steal"),
+              ("memory_pressure_max", "max_memory_pressure", "memory pressure"))
+    reasons = [f"{label} {load[key]:.3g} > {limits[limit]}" for key, limit, label in checks
+               if load.get(key) is not None and limit in limits and load[key] > limits[limit]]
+    figures = {k: load.get(k) for k in ("other_cpu_frac", "steal_frac", "load_max", "cpu_pressure_max",
+                                        "memory_pressure_max", "cpus")}
+    return {"verdict": "noisy" if reasons else "valid", "reasons": reasons, **figures}
 
 
 def _final_loss(events: list[dict]) -> float | None:

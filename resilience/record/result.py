@@ -66,6 +66,9 @@ def summarize(r: dict[str, Any]) -> str:
                  f"durable {_fmt(r['ckpt_durable_s'], ' s')}; step {_fmt(r['step_time_s'], ' s')}; "
                  f"wall {_fmt(r['wall_time_s'], ' s')}; goodput {_fmt(r['goodput'])}")
     lines.append(f"  final_state_sha256 {r['final_state_sha256']}")
+    validity = r.get("validity") or {}
+    if validity.get("verdict") == "noisy":  # timings above are not the technique's alone
+        lines.append(f"  NOISY measurement: {'; '.join(validity['reasons'])} (thresholds: validity.*)")
     return "\n".join(lines)
 
 

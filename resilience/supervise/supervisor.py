@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from resilience.detectors.base import Detector
 from resilience.orphans import adopt_orphans, kill_children
 from resilience.record.events import EventLog
+from resilience.record.host_load import HostLoadSampler
 from resilience.record.memory import MemorySampler
 from resilience.record.board import create_board
 from resilience.supervise.observer import Observer, say
@@ -34,6 +35,7 @@ from resilience.strategies.base import CheckpointStrategy
 __all__ = ["Interrupted", "Supervisor", "say"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+THRESHOLDS = ("max_other_cpu", "max_steal", "max_memory_pressure")  # validity.* (conf/config.yaml)
 
 
 class Interrupted(Exception):
@@ -79,6 +81,7 @@ class Supervisor(ABC):
         previous = {s: signal.signal(s, _interrupt) for s in STOP_SIGNALS}
         self.interrupted_by: str | None = None
         sampler = MemorySampler(float(self.cfg.supervisor.memory_sample_s)).start()
+        host = HostLoadSampler(float(self.cfg.validity.sample_s)).start()
         try:
             outcome = self._run(events, observer)
         except (Interrupted, SignalException, KeyboardInterrupt) as exc:
@@ -96,6 +99,8 @@ class Supervisor(ABC):
             left = kill_children()
             if left:  # a finding about the library that started them: recorded, not hidden
                 events.emit("orphans_killed", processes=sorted(left.values()))
+            # After every process of the run is reaped: their CPU time is then the supervisor's children's.
+            events.emit("host_load", **host.stop(), thresholds={k: self.cfg.validity[k] for k in THRESHOLDS})
         events.emit("supervisor_end", outcome=outcome, signal=self.interrupted_by, fsync=True)
         events.close()
         return outcome
