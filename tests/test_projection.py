@@ -19,6 +19,8 @@ from resilience.projection import (ComponentCost, CostsAtScale, FailureModel, Fa
                                    optimal_interval, per_gpu_mttf_hours, predicted_goodput, read_measured,
                                    simulate, young_interval)
 from resilience.projection.cli import load, run
+from resilience.projection.sweeps import evaluate, interval_sweep, strategy_summary, winner_grid
+from resilience.projection.validation import ConfigError
 from resilience.projection.failure_model import RECOVERY_KINDS
 from resilience.projection.settings import CONF_DIR
 
@@ -284,3 +286,37 @@ def test_run_with_measured_csv(tmp_path: Path) -> None:
     result = run(cfg, tmp_path / "out")
     assert f"fitted from {measured}" in result.summary
     assert all(p.exists() for p in result.files) and len(result.files) == 8
+
+
+# --- a strategy without checkpoints (replica) ----------------------------------------------------------------
+
+def test_replica_loses_no_work_so_its_goodput_is_the_recovery_survival() -> None:
+    """No checkpoint, no lost step: goodput = A = sum_i p_i exp(-R_i/M) at any interval, in closed form and by MC."""
+    _, scn, _ = load(composed("scenario=llama3_405b"), REPO)
+    p = evaluate(scn, "replica")
+    c = p.costs
+    assert not c.checkpoints and c.stall_s == c.lag_s == 0.0 and math.isnan(p.interval_s)
+    # recovery = detection + repair + replacement start + one transfer of a shard at the peer bandwidth
+    assert c.load_s == pytest.approx(scn.ckpt_bytes / scn.storage.writers(scn.gpus) / 3e9)
+    a = float(np.dot(p.shares, np.exp(-p.recovery_s / p.mtbf_s)))
+    assert p.goodput == pytest.approx(a) and np.allclose(p.goodput_at(np.array([10.0, 1e4])), a)
+    assert p.goodput > evaluate(scn, "sync").goodput  # nothing replayed, nothing written
+    sim = simulate(c, scn.failure, scn.kinds, gpus=scn.gpus, interval_s=p.interval_s, horizon_s=scn.horizon_s,
+                   trials=400, seed=1)
+    assert abs(sim.mean - a) < 4 * sim.ci95 + 1e-3
+
+
+def test_replica_rows_in_every_projection_table() -> None:
+    _, scn, _ = load(composed("scenario=generic_100k"), REPO)
+    summary = strategy_summary(scn)
+    row = summary.set_index("strategy").loc["replica"]
+    assert math.isnan(row["optimal_interval_s"]) and math.isnan(row["daly_interval_s"]) and row["goodput_closed_form"] > 0
+    sweep = interval_sweep(scn, 10)
+    flat = sweep[sweep["strategy"] == "replica"]
+    assert len(flat) == 10 and flat["goodput"].nunique() == 1 and not flat["is_optimum"].any()
+    assert "replica" in set(winner_grid(scn, (1024, 100_000), (1.0,))["strategy"])
+
+
+def test_a_scenario_strategy_without_checkpoints_takes_no_save_costs() -> None:
+    with pytest.raises(ConfigError, match=r"scenario.strategies.replica.stall=.*must be absent when checkpoint is false"):
+        load(composed("scenario=llama3_405b", "+scenario.strategies.replica.stall={fixed_s: 1.0}"), REPO)

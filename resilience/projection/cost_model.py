@@ -89,7 +89,8 @@ class CostsAtScale:
     """A strategy's costs (seconds) at one checkpoint size and writer count.
 
     ``lag_s`` is the time from the start of a checkpoint until it is durable (>= ``stall_s``; equal for a
-    synchronous save). ``feasible`` is False when a shard exceeds the strategy's memory limit.
+    synchronous save). ``feasible`` is False when a shard exceeds the strategy's memory limit. ``checkpoints`` is
+    False for a strategy that never checkpoints and never loses work (a live replica holds the state).
     """
 
     strategy: str
@@ -98,6 +99,7 @@ class CostsAtScale:
     load_s: float
     restart_s: float
     feasible: bool = True
+    checkpoints: bool = True
     residuals: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)
     detection_samples: tuple[float, ...] = field(default=(), repr=False)
 
@@ -145,6 +147,7 @@ class StrategyCosts:
     detection_samples: tuple[float, ...] = ()  # measured crash-detection latencies (s); empty: scenario's values
     max_bytes_per_writer: float | None = None  # host-memory limit of in-memory strategies; None: no limit
     description: str = ""
+    checkpoints: bool = True  # False: no checkpoint, no lost work (stall and durable are zero)
 
     def at_scale(self, total_bytes: float, writers: int, storage_Bps: float | None) -> CostsAtScale:
         stall = self.stall.seconds(total_bytes, writers, storage_Bps)
@@ -154,5 +157,6 @@ class StrategyCosts:
             strategy=self.name, stall_s=stall, lag_s=durable,
             load_s=self.load.seconds(total_bytes, writers, storage_Bps),
             restart_s=self.restart.seconds(total_bytes, writers, storage_Bps), feasible=feasible,
+            checkpoints=self.checkpoints,
             residuals={c: getattr(self, c).residuals for c in COMPONENTS}, detection_samples=self.detection_samples)
 

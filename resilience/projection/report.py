@@ -12,7 +12,9 @@ from resilience.projection.sweeps import TB, evaluate
 
 
 def _duration(seconds: float) -> str:
-    """Seconds as the most readable unit (s, min or h)."""
+    """Seconds as the most readable unit (s, min or h); "-" for none (NaN: e.g. no checkpoint interval)."""
+    if not np.isfinite(seconds):
+        return "-"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:

@@ -154,14 +154,22 @@ def _strategies(node: Mapping[str, Any], field: str) -> dict[str, StrategyCosts]
     out = {}
     for name, spec in node.items():
         f = f"{field}.{name}"
-        require_keys(spec, f, ["stall", "durable", "load", "restart"])
+        checkpoints = as_bool(spec.get("checkpoint", True), f"{f}.checkpoint")
+        require_keys(spec, f, ["stall", "durable", "load", "restart"] if checkpoints else ["load", "restart"])
+        if not checkpoints and ("stall" in spec or "durable" in spec):
+            fail(f"{f}.stall", spec.get("stall", spec.get("durable")), "must be absent when checkpoint is false")
         limit = as_optional_float(spec.get("max_shard_GB"), f"{f}.max_shard_GB", gt=0)
         out[str(name)] = StrategyCosts(
-            name=str(name), stall=_component(spec["stall"], f"{f}.stall"),
-            durable=_component(spec["durable"], f"{f}.durable"), load=_component(spec["load"], f"{f}.load"),
-            restart=_component(spec["restart"], f"{f}.restart"),
-            max_bytes_per_writer=None if limit is None else limit * GB, description=str(spec.get("description", "")))
+            name=str(name), stall=_saving(spec, "stall", f), durable=_saving(spec, "durable", f),
+            load=_component(spec["load"], f"{f}.load"), restart=_component(spec["restart"], f"{f}.restart"),
+            max_bytes_per_writer=None if limit is None else limit * GB, description=str(spec.get("description", "")),
+            checkpoints=checkpoints)
     return out
+
+
+def _saving(spec: Mapping[str, Any], component: str, field: str) -> ComponentCost:
+    """A save component (stall, durable); zero for a strategy that does not checkpoint."""
+    return _component(spec[component], f"{field}.{component}") if component in spec else ComponentCost(0.0)
 
 
 __all__ = ["ConfigError", "Scenario", "Storage", "build_scenario", "resolve_path"]

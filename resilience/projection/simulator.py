@@ -59,8 +59,11 @@ def simulate(costs: CostsAtScale, failure: FailureModel, kinds: Sequence[Recover
     """Simulate ``trials`` independent jobs of ``horizon_s`` wall seconds on ``gpus`` GPUs.
 
     ``kinds`` must be in the order of ``failure.kind_shares``. With ``bootstrap`` the costs are resampled from the
-    residuals of the measured samples they were fitted from (constant where there are none).
+    residuals of the measured samples they were fitted from (constant where there are none). For a strategy that
+    does not checkpoint (``costs.checkpoints`` False) ``interval_s`` is ignored: all time outside recoveries counts.
     """
+    if not costs.checkpoints:
+        interval_s = 1.0  # unused
     if interval_s <= 0 or horizon_s <= 0 or trials < 1:
         raise ValueError(f"interval_s={interval_s}, horizon_s={horizon_s}, trials={trials}: must all be > 0")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -101,6 +104,8 @@ def _simulate_chunk(costs: CostsAtScale, failure: FailureModel, kinds: Sequence[
     resume[:, 0] = 0.0
     resume[:, 1:] = fail_at[:, :-1] + recovery[:, :-1]
     up = np.maximum(np.minimum(fail_at, horizon) - resume, 0.0)
+    if not costs.checkpoints:  # no work is ever lost: every stretch counts whole
+        return up.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)
     stall = costs.draw("stall", rng, shape, bootstrap)
     lag = np.maximum(costs.draw("durable", rng, shape, bootstrap), stall)
     first = tau + lag  # resume -> first durable checkpoint (nothing in flight to wait for)

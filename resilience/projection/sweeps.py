@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from resilience.projection.cost_model import CostsAtScale
-from resilience.projection.goodput import goodput
+from resilience.projection.goodput import goodput, recovery_survival
 from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
 from resilience.projection.scenario import Scenario
 from resilience.projection.simulator import SimulationResult
@@ -27,7 +27,7 @@ class Point:
     mtbf_s: float
     recovery_s: np.ndarray  # per recovery kind
     shares: np.ndarray
-    interval_s: float  # exact optimum of the closed form
+    interval_s: float  # exact optimum of the closed form; NaN for a strategy that does not checkpoint
 
     @property
     def goodput(self) -> float:
@@ -37,6 +37,11 @@ class Point:
 
     def goodput_at(self, interval_s: float | np.ndarray) -> float | np.ndarray:
         c = self.costs
+        if not c.checkpoints:
+            # Nothing is ever lost, so every second outside a recovery counts: G = A, the closed form's limit
+            # for a zero interval at zero stall and lag (docs/projection.md); the interval does not matter.
+            a = float(recovery_survival(self.mtbf_s, self.recovery_s, self.shares))
+            return a if np.ndim(interval_s) == 0 else np.full(np.shape(interval_s), a)
         return goodput(interval_s, self.mtbf_s, c.stall_s, c.lag_s, self.recovery_s, self.shares)
 
     @property
@@ -48,7 +53,7 @@ def evaluate(scn: Scenario, strategy: str, gpus: int | None = None, ckpt_bytes: 
     """The closed-form view of ``strategy`` at ``gpus`` GPUs (default: the scenario's) and ``ckpt_bytes``."""
     costs = scn.costs_at(strategy, gpus, ckpt_bytes)
     mtbf = scn.failure.job_mtbf_s(scn.gpus if gpus is None else gpus)
-    tau = optimal_interval(costs.stall_s, mtbf, costs.lag_s)
+    tau = optimal_interval(costs.stall_s, mtbf, costs.lag_s) if costs.checkpoints else float("nan")
     return Point(costs, mtbf, costs.recovery_s(scn.kinds), np.asarray(scn.failure.kind_shares), tau)
 
 
@@ -59,6 +64,8 @@ def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = Non
         p = evaluate(scn, name)
         c = p.costs
         young, daly = young_interval(c.stall_s, p.mtbf_s), daly_interval(c.stall_s, p.mtbf_s)
+        if not c.checkpoints:
+            young = daly = float("nan")
         sim = (mc or {}).get(name)
         rows.append({
             "label": LABEL, "scenario": scn.name, "strategy": name, "gpus": scn.gpus, "ckpt_TB": scn.ckpt_bytes / TB,
@@ -79,11 +86,12 @@ def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = Non
 def interval_sweep(scn: Scenario, points: int) -> pd.DataFrame:
     """Goodput vs checkpoint interval per strategy, on a log grid spanning every strategy's optimum x/÷ 20."""
     best = {name: evaluate(scn, name) for name in scn.strategies}
-    optima = [p.interval_s for p in best.values()]
+    optima = [p.interval_s for p in best.values() if p.costs.checkpoints] or [3600.0]
     grid = np.geomspace(max(min(optima) / 20.0, 1e-3), max(optima) * 20.0, points)
     frames = []
     for name, p in best.items():
-        taus = np.sort(np.append(grid, p.interval_s))  # the optimum itself is on the curve
+        # The optimum itself is on the curve; a strategy without checkpoints is flat and has none.
+        taus = np.sort(np.append(grid, p.interval_s)) if p.costs.checkpoints else grid
         g = p.goodput_at(taus) if p.costs.feasible else np.full(taus.shape, np.nan)
         frames.append(pd.DataFrame({"label": LABEL, "scenario": scn.name, "strategy": name, "gpus": scn.gpus,
                                     "interval_s": taus, "goodput": g, "is_optimum": taus == p.interval_s}))
