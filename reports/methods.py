@@ -45,12 +45,21 @@ RESULT_METRICS: list[tuple[str, str]] = [
     ("survivors_restarted", "Whether the ranks that did not fail were restarted too (false only with "
                             "strategy=replica, whose survivors re-form the group in place)."),
     ("recovery_breakdown_s.replay", "Checkpoint loaded to back at the fault's step: recomputing the lost steps."),
+    ("mttr_s", "Mean time to repair as the literature counts it: from the fault's detection (its injection when no "
+               "detector of ours saw it) to training running again (state loaded), without the replay of lost "
+               "work: restart + load. recovery_time_s adds detection and replay."),
+    ("lost_work_s", "The replay in seconds: the time spent recomputing the lost steps (lost_steps counts them)."),
     ("lost_steps", "The fault's step minus the step of the checkpoint the new attempt loaded (minus 0 when it "
                    "started from scratch): work done twice; never below 0 (a replica may be one step past it)."),
     ("goodput", "Productive step time over wall time: the durations of all training steps, each step counted "
                 "once, from the attempt whose result survived (a replayed step replaces the lost one), divided by "
                 "wall_time_s. Start-up, checkpoint stalls, recovery and lost work all lower it; in these short "
                 "runs process start-up dominates, so compare strategies, not absolute values."),
+    ("ettr", "Effective training time ratio (Kokolis et al., Revisiting Reliability in Large-Scale Machine "
+             "Learning Research Clusters, arXiv:2410.21680): the same productive step time over the job's time "
+             "from its first training step to its last. The one-time start-up and tear-down, which a real job "
+             "amortizes over days, are outside; every restart, load, replay and checkpoint stall inside counts "
+             "against it. This is the figure to compare with published ETTR and goodput."),
     ("final_state_sha256", "SHA-256 of rank 0's final training state (model, optimizer, data position, RNG)."),
     ("replicas_agree", "Every rank ended with the same final state hash."),
 ]

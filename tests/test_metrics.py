@@ -50,6 +50,14 @@ def test_recovery_metrics():
     assert r["false_alarms"] == 0 and r["steps_completed"] == 4
 
 
+def test_literature_metrics():
+    r = compute_result(recovered_log(), RUN)
+    assert abs(r["mttr_s"] - (1.3 + 0.4)) < 1e-9  # detection to training again: restart + load, no replay
+    assert abs(r["lost_work_s"] - 0.5) < 1e-9  # the replay of step 3
+    # ETTR: the same 4 productive steps over the first step's start (1.0) to the last step's end (5.4)
+    assert abs(r["ettr"] - 4 * 0.5 / 4.4) < 1e-9 and r["ettr"] > r["goodput"]
+
+
 def test_exhausted_budget_is_unrecovered_and_detection_without_fault_is_a_false_alarm():
     log = recovered_log()[:11] + [ev(3.0, "supervisor_end", rank=None, outcome="failed")]
     r = compute_result(log, RUN)

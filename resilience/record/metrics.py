@@ -57,6 +57,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "step_time_s": _median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
     }
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
+    result["ettr"] = _ettr(rank0)
     result.update(_peer(events))
     result.update(_replica_groups(events, run["world_size"]))
     result.update(_replica_recovery(events, run["world_size"]))  # our replica's, under the same names
@@ -214,7 +215,7 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
         "fault_step": fault["step"] if fault else None,
         "fault_rank": fault["rank"] if fault else None,
         **_detection(events, fault),
-        "recovered": False, "recovery_time_s": None,
+        "recovered": False, "recovery_time_s": None, "mttr_s": None, "lost_work_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},
         "lost_steps": None, "recovery_source": None, "recovery_bytes": None, "recovery_load_s": None,
         "survivors_restarted": None,
@@ -311,7 +312,11 @@ def _recovery_time(events: list[dict], fault: dict, trace: _Trace) -> dict[str, 
     detection = _first_detection(events, fault)
     t_detect = detection["t_mono"] if detection else t0
     t_loaded = trace.loaded["t_mono"] if trace.loaded else trace.start["t_mono"]
-    return {"recovered": True, "recovery_time_s": trace.resumed["t_mono"] - t0, "recovery_breakdown_s": {
+    # MTTR as the literature counts it: from the failure being known to training running again, without the
+    # replay of lost work, which is lost_work_s (time) beside lost_steps (count).
+    return {"recovered": True, "recovery_time_s": trace.resumed["t_mono"] - t0,
+            "mttr_s": t_loaded - t_detect, "lost_work_s": trace.resumed["t_mono"] - t_loaded,
+            "recovery_breakdown_s": {
         "detect": t_detect - t0 if detection else None,
         "restart": trace.start["t_mono"] - t_detect,
         "load": t_loaded - trace.start["t_mono"],
@@ -327,6 +332,18 @@ def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
         "ckpt_durable_s": _median(_pairs(rank0, "ckpt_begin", "ckpt_durable")),
         "ckpt_bytes": _median([e["bytes"] for e in durable]),
     }
+
+
+def _ettr(rank0: list[dict]) -> float | None:
+    """Effective training time ratio (Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning
+    Research Clusters", arXiv:2410.21680): productive step time over the job's time from its first training step to
+    its last. The one-time start-up and tear-down, which a real job amortizes over days, are outside; every
+    restart, load, replay and checkpoint stall inside counts against it."""
+    ends = [e for e in rank0 if e["kind"] == "step_end"]
+    if not ends:
+        return None
+    window = max(e["t_mono"] for e in ends) - min(e["t_mono"] - e["duration_s"] for e in ends)
+    return _goodput(rank0, window)
 
 
 def _goodput(rank0: list[dict], wall: float | None) -> float | None:
