@@ -1,7 +1,7 @@
 """``python -m reports SUMMARY_CSV --out results/report/index.html [...]``: render the report from the summary.
 
 The other inputs are optional, so that a report can be rendered from any summary.csv: ``--matrix`` (the matrix it
-came from, for the header), ``--limits`` and ``--environment`` (from the probe rule; absent: "not probed"),
+came from: the header, and cells it asks for that the summary lacks, counted as ``not run``), ``--limits`` and ``--environment`` (from the probe rule; absent: "not probed"),
 ``--projection`` (the projection's status JSON; absent: the section says it was not run).
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports.aggregate import with_matrix_cells
 from reports.matrix import MatrixError, load_matrix
 from reports.render import render
 
@@ -32,14 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--projection", type=Path, help="projection_status.json of python -m reports.project")
     args = parser.parse_args(argv)
     info = {"name": args.matrix or "unknown", "source": args.matrix or "-", "description": ""}
+    summary = pd.read_csv(args.summary) if args.summary.stat().st_size > 1 else pd.DataFrame()
     if args.matrix:
         try:
             m = load_matrix(args.matrix)
-            info = {"name": m.name, "source": m.source, "description": m.description}
         except MatrixError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    summary = pd.read_csv(args.summary) if args.summary.stat().st_size > 1 else pd.DataFrame()
+        info = {"name": m.name, "source": m.source, "description": m.description}
+        summary = with_matrix_cells(summary, m)  # counted against what the matrix asks for, not what ran
     limits = _json(args.limits) or {"probed": False, "reason": "no limits file"}
     out = render(summary, args.out, info, limits, _json(args.environment), args.projection)
     print(f"report: {out}", flush=True)

@@ -4,8 +4,9 @@ A row holds the cell's name and parameters (``cell.*``), how its job ended (``st
 ``error_detail``, ``elapsed_s``, ``run_dir``), every field of its ``result.json`` flattened with dotted names
 (``recovery_breakdown_s.load``, ``limits.disk_write_MBps``; absent for cells without a result), and
 ``matches_reference``: whether its final state equals, bit for bit, that of the fault-free reference run of its
-(workload, world_size, steps, seed) — empty when either run has no final state. SUMMARY_CSV is written atomically;
-a Parquet copy beside it when pyarrow is installed.
+(workload, world_size, steps, seed) — empty when either run has no final state. A cell of the matrix without a
+done.json keeps its row, in state ``not run`` (so that counts are of what the matrix asked for). SUMMARY_CSV is
+written atomically; a Parquet copy beside it when pyarrow is installed.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from reports.matrix import Matrix, MatrixError, load_matrix
+from reports.matrix import Cell, Matrix, MatrixError, load_matrix
 from resilience.record.fsio import atomic_write_bytes
 
 JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s")
+NOT_RUN = "not run"  # the state of a matrix cell that has no done.json
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -39,7 +41,10 @@ def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
-    """The summary table of the cells whose done.json files are given (matrix order; other cells are errors)."""
+    """One row per cell of ``matrix``, in its order: those with a done.json given, the others ``not run``.
+
+    A done.json of a cell that is not in the matrix is an error.
+    """
     by_cell: dict[str, Path] = {}
     for path in map(Path, done_files):
         done = json.loads(path.read_text())
@@ -48,12 +53,12 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
     rows = []
     for cell in matrix.cells:
         if cell.name not in by_cell:
+            rows.append(not_run_row(cell))
             continue
         path = by_cell[cell.name]
         done = json.loads(path.read_text())
-        row: dict[str, Any] = {"cell": cell.name, **{k: done.get(k) for k in JOB_FIELDS},
-                               "run_dir": str(path.parent), "is_reference": cell.is_reference,
-                               "reference_cell": cell.reference, **cell.columns(),
+        row: dict[str, Any] = {**_cell_fields(cell), **{k: done.get(k) for k in JOB_FIELDS},
+                               "run_dir": str(path.parent),
                                "command": " ".join(["python -m resilience", *done.get("overrides", [])])}
         result_path = path.parent / "result.json"
         if result_path.exists():
@@ -71,6 +76,23 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
     ])
     frame["matches_reference"] = frame["matches_reference"].astype("object")
     return frame
+
+
+def _cell_fields(cell: Cell) -> dict[str, Any]:
+    return {"cell": cell.name, "is_reference": cell.is_reference, "reference_cell": cell.reference, **cell.columns()}
+
+
+def not_run_row(cell: Cell) -> dict[str, Any]:
+    """The row of a cell the matrix asks for that has not run (no done.json): its parameters, state ``not run``."""
+    return {**_cell_fields(cell), "state": NOT_RUN, "run_dir": None,
+            "command": " ".join(["python -m resilience", *cell.overrides])}
+
+
+def with_matrix_cells(frame: pd.DataFrame, matrix: Matrix) -> pd.DataFrame:
+    """``frame`` plus a ``not run`` row for every cell of ``matrix`` it lacks (a summary older than its matrix)."""
+    have = set(frame["cell"]) if "cell" in frame else set()
+    missing = [not_run_row(c) for c in matrix.cells if c.name not in have]
+    return pd.concat([frame, pd.DataFrame(missing)], ignore_index=True) if missing else frame
 
 
 def write(frame: pd.DataFrame, csv_path: Path) -> list[Path]:

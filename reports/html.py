@@ -25,7 +25,7 @@ h1 { margin-bottom: 0.2em; } h2 { border-bottom: 2px solid #ddd; padding-bottom:
 .projection { border-left: 6px solid #b58900; padding-left: 1em; background: #fffbea; }
 .badge { display: inline-block; padding: 0.05em 0.5em; border-radius: 0.8em; font-size: 0.85em; }
 .state-ok { background: #dff0d8; } .state-unrecovered { background: #fcf8e3; }
-.state-failed, .state-invalid { background: #f2dede; }
+.state-failed, .state-invalid { background: #f2dede; } .state-not_run { background: #e8e8e8; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.88em; }
 th, td { border: 1px solid #ddd; padding: 0.3em 0.55em; text-align: right; vertical-align: top; }
 th { background: #f3f3f3; } td.text, th.text { text-align: left; }
@@ -85,11 +85,16 @@ def table(frame: pd.DataFrame, columns: Iterable[tuple[str, str]], text: Iterabl
             if c in ratios and not missing(row.get(ratios[c])):
                 inner += f'<span class="ratio">x{row[ratios[c]]:.2f} vs sync</span>'
             if c == "state" and not missing(value):
-                inner = f'<span class="badge state-{esc(value)}">{inner}</span>'
+                inner = badge(value, inner)
             cells.append(f'<td class="{"text" if c in text else ""}">{inner}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
             f"</div>")
+
+
+def badge(state: Any, inner: str | None = None) -> str:
+    """A cell state as a coloured badge (CSS class ``state-<state>``, spaces as ``_``)."""
+    return f'<span class="badge state-{esc(str(state).replace(" ", "_"))}">{inner or esc(state)}</span>'
 
 
 def section(anchor: str, title: str, body: str, css_class: str = "") -> str:

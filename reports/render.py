@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports import methods, registry, tables
-from reports.html import esc, figure, fmt, page, png_bytes, section, table
+from reports.html import badge, esc, figure, fmt, page, png_bytes, section, table
 from resilience.record.fsio import atomic_write_bytes
 
 PROJECTION_COLUMNS = ("strategy", "costs", "gpus", "ckpt_TB", "job_mtbf_h", "stall_s", "durable_s", "load_s",
@@ -55,15 +55,23 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     return out_html
 
 
-def _header(summary: pd.DataFrame, matrix: dict[str, str]) -> str:
+def cell_counts(summary: pd.DataFrame, html: bool = False) -> str:
+    """What the matrix asked for and how far it got: "9 of 25 cells finished (9 ok, 16 not run)"."""
     states = summary["state"].value_counts().to_dict() if "state" in summary else {}
-    counts = ", ".join(f'<span class="badge state-{esc(s)}">{n} {esc(s)}</span>' for s, n in states.items())
+    rank = {"ok": 0, "unrecovered": 1, "failed": 2, "invalid": 3, tables.NOT_RUN: 4}
+    parts = [badge(s, f"{n} {esc(s)}") if html else f"{n} {s}"
+             for s, n in sorted(states.items(), key=lambda kv: (rank.get(kv[0], 5), kv[0]))]
+    return f"{len(tables.finished(summary))} of {len(summary)} cells finished" + (
+        f" ({', '.join(parts)})" if parts else "")
+
+
+def _header(summary: pd.DataFrame, matrix: dict[str, str]) -> str:
     toc = "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in [
         ("headline", "Headline"), *[(k, v.title) for k, v in registry.MEASURED.items()],
         ("environment", "Environment, limits and run inventory"), ("methods", "Methods"),
         ("projection", "Projection to cluster scale (model output)")])
     return (f"<h1>resilience-bench report</h1><p class=\"meta\">Matrix <b>{esc(matrix['name'])}</b> "
-            f"({esc(matrix['source'])}): {esc(matrix['description'])}<br>{len(summary)} cells: {counts}. "
+            f"({esc(matrix['source'])}): {esc(matrix['description'])}<br>{cell_counts(summary, html=True)}. "
             f"Generated {esc(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}. All numbers below are measured on this "
             f"machine, except the last section, which is a projection.</p><nav><ol>{toc}</ol></nav>")
 
@@ -75,23 +83,25 @@ def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
     write_csv(faults, out / "headline_faults.csv")
     disk = tables.disk_limit(limits, summary)
     disk_note = f"probed disk write bandwidth {disk:.0f} MB/s" if disk else "disk bandwidth not probed"
-    t1 = table(strat, [("strategy", "strategy"), ("runs", "runs"), ("runs_ok", "ok"),
+    t1 = table(strat, [("strategy", "strategy"), ("cells", "cells"), ("runs", "finished"), ("runs_ok", "ok"),
                        ("ckpt_stall_s", "checkpoint stall (s)"), ("ckpt_durable_s", "time until durable (s)"),
                        ("ckpt_MB", "checkpoint size (MB)"), ("write_MBps", "write bandwidth (MB/s)"),
                        ("write_pct_of_disk", "% of disk limit"), ("step_time_s", "step time (s)"),
-                       ("goodput_fault_free", "goodput, fault-free"), ("bit_exact", "bit-exact")],
-               text=["strategy", "bit_exact"], ratios={m: f"{m}_vs_sync" for m in (
+                       ("goodput_fault_free", "goodput, fault-free"), ("bit_exact", "bit-exact"), ("note", "")],
+               text=["strategy", "bit_exact", "note"], ratios={m: f"{m}_vs_sync" for m in (
                    "ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free")})
-    t2 = table(faults, [("strategy", "strategy"), ("fault", "fault"), ("runs", "runs"), ("recovered", "recovered"),
+    t2 = table(faults, [("strategy", "strategy"), ("fault", "fault"), ("cells", "cells"), ("runs", "finished"),
+                        ("recovered", "recovered"),
                         ("recovery_time_s", "recovery time (s)"), ("lost_steps", "lost steps"),
                         ("detection_latency_s", "detection latency (s)"), ("goodput", "goodput"),
-                        ("bit_exact", "bit-exact")],
-               text=["strategy", "fault", "bit_exact"], ratios={m: f"{m}_vs_sync" for m in (
+                        ("bit_exact", "bit-exact"), ("note", "")],
+               text=["strategy", "fault", "bit_exact", "note"], ratios={m: f"{m}_vs_sync" for m in (
                    "recovery_time_s", "lost_steps", "goodput")})
     if faults.empty:
         t2 = "<p class=\"note\">No cell of this matrix injects a fault.</p>"
     body = (f"<h3>Per strategy</h3>{t1}<p class=\"caption\">Checkpoint cost per strategy (medians over its ok runs; "
-            f"{esc(disk_note)}). Look at the stall first: it is paid at every checkpoint. Bit-exact: every run's final "
+            f"{esc(disk_note)}; cells: asked for by the matrix; a strategy without an ok cell keeps its row, \"not "
+            f"measured\" and why). Look at the stall first: it is paid at every checkpoint. Bit-exact: every run's final "
             f"state equals the fault-free reference's, bit for bit. Data: headline_strategies.csv.</p>"
             f"<h3>Per strategy and fault</h3>{t2}<p class=\"caption\">Recovery per injected fault (medians over ok "
             f"runs; recovered counts all runs). Look at recovery time and lost steps against sync, and at any "
@@ -105,6 +115,7 @@ def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, A
     write_csv(envt, out / "environment.csv")
     write_csv(inv, out / "inventory.csv")
     bad = inv[inv["state"].isin(["failed", "invalid"])]
+    not_run = int((inv["state"] == tables.NOT_RUN).sum())
     problems = "".join(
         f"<details><summary><b>{esc(r['cell'])}</b>: {esc(r['state'])} - {esc(r['error'])}</summary>"
         f"<pre>{esc(r['error_detail'])}</pre></details>" for _, r in bad.iterrows())
@@ -113,14 +124,18 @@ def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, A
             f"<p class=\"caption\">Where the numbers were measured. Limits come from the probe rule "
             f"(python -m resilience.bench.probe); \"not probed\" where it has not measured them. Data: environment.csv."
             f"</p><h3>Run inventory</h3>"
-            + (f"<p>{len(bad)} cell(s) did not produce a usable result:</p>{problems}" if len(bad) else
-               "<p>Every cell produced a result.</p>")
+            + f"<p>{esc(cell_counts(summary))}.</p>"
+            + (f"<p>{len(bad)} cell(s) did not produce a usable result:</p>{problems}" if len(bad) else "")
+            + (f"<p>{not_run} cell(s) of the matrix have not run (no done.json): run the pipeline again to run "
+               f"them.</p>" if not_run else "")
+            + ("<p>Every cell produced a result.</p>" if not len(bad) and not not_run and len(inv) else "")
             + table(inv, [("cell", "cell"), ("state", "state"), ("status", "result status"), ("attempts", "attempts"),
                           ("steps_completed", "steps done"), ("steps", "steps"), ("wall_time_s", "wall (s)"),
                           ("elapsed_s", "job (s)"), ("matches_reference", "bit-exact"), ("error", "error")],
                     text=["cell", "state", "status", "error"])
             + "<p class=\"caption\">Every cell of the matrix, problems first. failed: harness failure, crash or "
-              "time limit; invalid: configuration rejected (its one-line reason). Data: inventory.csv.</p>")
+              "time limit; invalid: configuration rejected (its one-line reason); not run: no done.json yet. "
+              "Data: inventory.csv.</p>")
     return section("environment", "Environment, limits and run inventory", body)
 
 

@@ -2,7 +2,8 @@
 
 Every number is a median over runs in state ``ok`` (see ``reports.methods.AGGREGATION``); ``*_vs_sync`` columns
 divide by the ``sync`` strategy's value in the same column (and fault); empty for sync itself and when there is no
-sync row.
+sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
+``note`` says "not measured" and why (not run, failed, error).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import pandas as pd
 BASELINE = "sync"
 # What python -m resilience.bench.probe measures; listed as "not probed" when unknown.
 LIMIT_KEYS = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s")
+NOT_RUN = "not run"
+# Why a row without an ok cell has no figures, by the states of its cells (invalid: the configuration was refused).
+REASONS = {NOT_RUN: "not run", "failed": "failed", "invalid": "error", "unrecovered": "unrecovered"}
 
 
 def col(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -41,6 +45,19 @@ def bit_exact(rows: pd.DataFrame) -> str:
         return "-"
     bad = sum(1 for v in verdicts if v in (False, "False"))
     return "yes" if not bad else f"no ({bad} of {len(verdicts)})"
+
+
+def finished(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of cells that ran (a done.json: any state but ``not run``)."""
+    return frame[frame["state"] != NOT_RUN] if "state" in frame else frame
+
+
+def not_measured(rows: pd.DataFrame) -> str:
+    """"" when some of ``rows`` is ok; else "not measured (<why>)", the reasons of its cells' states."""
+    states = list(dict.fromkeys(rows["state"].dropna())) if "state" in rows else []
+    if "ok" in states:
+        return ""
+    return f"not measured ({' / '.join(dict.fromkeys(REASONS.get(s, str(s)) for s in states)) or NOT_RUN})"
 
 
 def _median(values: pd.Series) -> float | None:
@@ -85,18 +102,18 @@ def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataF
         bandwidth = _median(col(saved, "ckpt_bytes") / col(saved, "ckpt_durable_s") / 1e6)
         fault_free = mine_ok[mine_ok["cell.fault"] == "none"]
         rows.append({
-            "strategy": strategy, "runs": len(mine), "runs_ok": len(mine_ok),
+            "strategy": strategy, "cells": len(mine), "runs": len(finished(mine)), "runs_ok": len(mine_ok),
             "ckpt_stall_s": _median(col(saved, "ckpt_stall_s")),
             "ckpt_durable_s": _median(col(saved, "ckpt_durable_s")),
             "ckpt_MB": _median(col(saved, "ckpt_bytes") / 1e6), "write_MBps": bandwidth,
             "write_pct_of_disk": 100 * bandwidth / disk if bandwidth is not None and disk else None,
             "step_time_s": _median(col(mine_ok, "step_time_s")),
             "goodput_fault_free": _median(col(fault_free, "goodput")),
-            "bit_exact": bit_exact(mine),
+            "bit_exact": bit_exact(mine), "note": not_measured(mine),
         })
-    table = pd.DataFrame(rows, columns=["strategy", "runs", "runs_ok", "ckpt_stall_s", "ckpt_durable_s", "ckpt_MB",
-                                        "write_MBps", "write_pct_of_disk", "step_time_s", "goodput_fault_free",
-                                        "bit_exact"])
+    table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", "ckpt_stall_s", "ckpt_durable_s",
+                                        "ckpt_MB", "write_MBps", "write_pct_of_disk", "step_time_s",
+                                        "goodput_fault_free", "bit_exact", "note"])
     return _with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"])
 
 
@@ -111,16 +128,16 @@ def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
                 continue
             mine_ok = ok.loc[ok.index.intersection(mine.index)]
             rows.append({
-                "strategy": strategy, "fault": fault, "runs": len(mine),
+                "strategy": strategy, "fault": fault, "cells": len(mine), "runs": len(finished(mine)),
                 "recovered": int((mine.get("recovered", pd.Series(dtype=object)) == True).sum()),  # noqa: E712
                 "recovery_time_s": _median(col(mine_ok, "recovery_time_s")),
                 "lost_steps": _median(col(mine_ok, "lost_steps")),
                 "detection_latency_s": _median(col(mine, "detection_latency_s")),
                 "goodput": _median(col(mine_ok, "goodput")),
-                "bit_exact": bit_exact(mine),
+                "bit_exact": bit_exact(mine), "note": not_measured(mine),
             })
-    table = pd.DataFrame(rows, columns=["strategy", "fault", "runs", "recovered", "recovery_time_s", "lost_steps",
-                                        "detection_latency_s", "goodput", "bit_exact"])
+    table = pd.DataFrame(rows, columns=["strategy", "fault", "cells", "runs", "recovered", "recovery_time_s",
+                                        "lost_steps", "detection_latency_s", "goodput", "bit_exact", "note"])
     return _with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"])
 
 
@@ -137,11 +154,11 @@ def false_alarm_note(frame: pd.DataFrame) -> str:
 
 
 def inventory(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every cell, problems first: how it ended and why."""
+    """Every cell of the matrix, problems first (failed, invalid, not run): how it ended and why."""
     columns = ["cell", "state", "status", "attempts", "steps_completed", "steps", "wall_time_s", "elapsed_s",
                "matches_reference", "error", "error_detail"]
     table = frame.reindex(columns=columns).copy()
-    rank = table["state"].map({"failed": 0, "invalid": 1, "unrecovered": 2}).fillna(3)
+    rank = table["state"].map({"failed": 0, "invalid": 1, NOT_RUN: 2, "unrecovered": 3}).fillna(4)
     return table.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
 
 

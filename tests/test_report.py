@@ -160,3 +160,47 @@ def test_a_figure_that_would_break_the_report_is_refused_at_registration(monkeyp
     monkeypatch.setattr(registry, "MEASURED", dict(registry.MEASURED))
     with pytest.raises(ValueError, match=refused):
         registry.register(registry.Measured(name, "title", "reports.figures:detection", caption=caption))
+
+
+@pytest.mark.timeout(120)
+def test_counts_are_of_what_the_matrix_asked_for_and_unmeasured_rows_stay(runs, tmp_path):
+    """Cells without a done.json are "not run"; a strategy or fault with no ok cell keeps its row and says why."""
+    matrix = load_matrix(str(FIXTURES / "matrix.yaml"))
+    partial = summarize(matrix, sorted(runs.glob("gpt_tiny-none-*/done.json")))  # sync's cells never ran
+    assert len(partial) == 6 and (partial["state"] == "not run").sum() == 3
+    html = _render(partial, tmp_path / "report", LIMITS)
+    assert "3 of 6 cells finished (" in html and "2 ok" in html and "1 failed" in html and "3 not run" in html
+    assert "3 cell(s) of the matrix have not run" in html and "Every cell produced a result" not in html
+    strategies = pd.read_csv(tmp_path / "report" / "headline_strategies.csv").set_index("strategy")
+    assert strategies.loc["sync", "note"] == "not measured (not run)" and strategies.loc["sync", "cells"] == 3
+    assert strategies.loc["sync", "runs"] == 0 and pd.isna(strategies.loc["none", "note"])
+    faults = pd.read_csv(tmp_path / "report" / "headline_faults.csv")
+    notes = dict(zip(faults["strategy"] + " " + faults["fault"], faults["note"]))
+    assert notes["none kill.phase=before_optimizer_step.at_step=5.rank=0"] == "not measured (failed)"
+    assert notes["sync kill.phase=before_forward.at_step=20.rank=1"] == "not measured (not run)"
+    inventory = pd.read_csv(tmp_path / "report" / "inventory.csv")
+    assert list(inventory["state"][:4]) == ["failed", "not run", "not run", "not run"]
+
+
+@pytest.mark.timeout(120)
+def test_an_invalid_cell_is_not_measured_for_an_error(summary, tmp_path):
+    _render(summary, tmp_path / "report", LIMITS)
+    faults = pd.read_csv(tmp_path / "report" / "headline_faults.csv")
+    row = faults[(faults["strategy"] == "sync") & faults["fault"].str.contains("at_step=20")].iloc[0]
+    assert row["note"] == "not measured (error)" and row["cells"] == 1 and row["runs"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_report_command_counts_cells_the_summary_lacks(runs, tmp_path):
+    """A summary older than its matrix: the report counts the matrix's cells, the missing ones as not run."""
+    from reports.__main__ import main as report_main
+
+    matrix = load_matrix(str(FIXTURES / "matrix.yaml"))
+    done = sorted(runs.glob("gpt_tiny-none-*/done.json"))
+    old = summarize(matrix, done)
+    old = old[old["state"] != "not run"]
+    old.to_csv(tmp_path / "summary.csv", index=False)
+    out = tmp_path / "report" / "index.html"
+    assert report_main([str(tmp_path / "summary.csv"), "--matrix", str(FIXTURES / "matrix.yaml"),
+                        "--out", str(out)]) == 0
+    assert "3 of 6 cells finished" in out.read_text()
