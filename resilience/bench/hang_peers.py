@@ -53,7 +53,7 @@ def _row(mode: str, det: str, runs: list[dict], ref_hash: str) -> dict:
     return {"mode": mode, "detector": det, "n": len(runs),
             "first verdict by": ", ".join(sorted({str(r.get("detector")) for r in runs})),
             "latency s": f"{statistics.median(lat):.2f} [{min(lat):.2f}, {max(lat):.2f}]" if lat else "-",
-            "blamed": ", ".join(sorted({str(r.get("detected_rank")) for r in runs})),
+            "blamed the hung rank": f"{sum(r.get('detected_rank') == r.get('fault_rank') for r in runs)}/{len(runs)}",
             "recovered": f"{sum(bool(r.get('recovered')) for r in runs)}/{len(runs)}",
             "bit-exact": f"{sum(r.get('final_state_sha256') == ref_hash for r in runs)}/{len(runs)}"}
 
