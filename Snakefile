@@ -3,6 +3,7 @@
     snakemake --cores 2                          # default matrix -> results/report/index.html
     snakemake --cores 2 --config matrix=smoke    # another conf/matrix/<name>.yaml (or a path to one)
     snakemake --cores 2 --config results=/tmp/r  # somewhere else than results/
+    snakemake --cores 2 --config probe_max_age_h=6  # reuse a limits snapshot up to 6 h old (default 0: probe anew)
     snakemake --report results/snakemake-report.zip
 
 Each cell is one `python -m resilience` run in results/runs/<cell>/; its done.json (written last) records how it
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from reports import registry
+from reports.limits import snapshot_dir
 from reports.matrix import MatrixError, load_matrix
 
 try:
@@ -22,6 +24,16 @@ try:
 except MatrixError as exc:  # one line naming the key, not a traceback
     sys.exit(f"error: {exc}")
 RESULTS = str(config.get("results", "results")).rstrip("/")
+try:
+    PROBE_MAX_AGE_H = float(config.get("probe_max_age_h", 0))
+    assert PROBE_MAX_AGE_H >= 0
+except (TypeError, ValueError, AssertionError):
+    sys.exit(f"error: probe_max_age_h={config.get('probe_max_age_h')}: must be a number of hours >= 0")
+# The limits snapshot of this pipeline run (reports/limits.py): a new one when cells are about to run (unless one
+# younger than probe_max_age_h exists). Every cell records it (reports/cell.py reads RB_PROBE); a job that
+# Snakemake starts as its own process (SLURM) parses this file again and inherits the choice.
+CELLS_TO_RUN = any(not Path(f"{RESULTS}/runs/{c.name}/done.json").exists() for c in MATRIX.cells)
+PROBE = os.environ.setdefault("RB_PROBE", str(snapshot_dir(Path(RESULTS), CELLS_TO_RUN, PROBE_MAX_AGE_H * 3600)))
 ENV = "workflow/envs/bench.yaml"
 CAPTIONS = "reports/captions"
 REPORT_CODE = sorted(str(p) for p in [*Path("reports").glob("*.py"), *Path(CAPTIONS).glob("*.rst")])
@@ -46,13 +58,15 @@ rule all:
 
 
 rule probe:
-    """Physical limits of this machine (disk and memory bandwidth, rank start cost) and its environment."""
+    """Physical limits of this machine (disk and memory bandwidth, rank start cost) and its environment: the
+    snapshot of this pipeline run, measured first (priority) and alone."""
     output:
-        limits=f"{RESULTS}/limits.json",
-        environment=f"{RESULTS}/environment.json",
+        limits=f"{PROBE}/limits.json",
+        environment=f"{PROBE}/environment.json",
     log:
         f"{RESULTS}/logs/probe.log",
     threads: lambda wc: workflow.cores  # alone on the machine: a bandwidth measured beside a training run means nothing
+    priority: 100  # before the cells, which record this snapshot
     resources:
         runtime=15,
     conda:
@@ -119,8 +133,8 @@ rule report:
     """results/report/index.html: one self-contained file; every figure's data also as CSV beside it."""
     input:
         summary=f"{RESULTS}/summary.csv",
-        limits=f"{RESULTS}/limits.json",
-        environment=f"{RESULTS}/environment.json",
+        limits=f"{PROBE}/limits.json",
+        environment=f"{PROBE}/environment.json",
         projection=f"{RESULTS}/projection/projection_status.json",
         code=REPORT_CODE,
     output:

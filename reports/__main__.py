@@ -1,8 +1,9 @@
 """``python -m reports SUMMARY_CSV --out results/report/index.html [...]``: render the report from the summary.
 
 The other inputs are optional, so that a report can be rendered from any summary.csv: ``--matrix`` (the matrix it
-came from: the header, and cells it asks for that the summary lacks, counted as ``not run``), ``--limits`` and ``--environment`` (from the probe rule; absent: "not probed"),
-``--projection`` (the projection's status JSON; absent: the section says it was not run).
+came from: the header, and the cells it asks for that the summary lacks, counted as ``not run``), ``--limits`` and
+``--environment`` (the probe rule's snapshot, results/probe/<snapshot>/; absent: "not probed"), ``--projection``
+(the projection's status JSON; absent: the section says it was not run).
 """
 
 from __future__ import annotations

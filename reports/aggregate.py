@@ -1,8 +1,8 @@
 """``python -m reports.aggregate MATRIX SUMMARY_CSV DONE_JSON...``: one row per cell, in the matrix's order.
 
 A row holds the cell's name and parameters (``cell.*``), how its job ended (``state``, ``exit_code``, ``error``,
-``error_detail``, ``elapsed_s``, ``run_dir``), every field of its ``result.json`` flattened with dotted names
-(``recovery_breakdown_s.load``, ``limits.disk_write_MBps``; absent for cells without a result), and
+``error_detail``, ``elapsed_s``, ``run_dir``, and ``probe``: the limits snapshot it ran under), every field of its
+``result.json`` flattened with dotted names (``recovery_breakdown_s.load``; absent for cells without a result), and
 ``matches_reference``: whether its final state equals, bit for bit, that of the fault-free reference run of its
 (workload, world_size, steps, seed) — empty when either run has no final state. A cell of the matrix without a
 done.json keeps its row, in state ``not run`` (so that counts are of what the matrix asked for). SUMMARY_CSV is
@@ -22,7 +22,7 @@ import pandas as pd
 from reports.matrix import Cell, Matrix, MatrixError, load_matrix
 from resilience.record.fsio import atomic_write_bytes
 
-JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s")
+JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s", "probe")
 NOT_RUN = "not run"  # the state of a matrix cell that has no done.json
 
 

@@ -72,6 +72,7 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
             t.join(timeout=5)
     record = {
         "cell": spec["cell"], "overrides": spec["overrides"], "command": cmd, "host": socket.gethostname(),
+        "probe": probe_snapshot(),
         "started": started, "elapsed_s": time.time() - started, "exit_code": proc.returncode,
         **classify(run_dir, proc.returncode, timed_out, timeout_s, list(tails["stderr"]), list(tails["stdout"])),
     }
@@ -80,6 +81,12 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
     atomic_write_json(done_path, record)
     print(f"[cell] {record['state']}" + (f": {record['error']}" if record["error"] else ""), flush=True)
     return record
+
+
+def probe_snapshot() -> str | None:
+    """The pipeline run's probe snapshot (the Snakefile sets ``RB_PROBE``: its folder), or None outside one."""
+    folder = os.environ.get("RB_PROBE")
+    return Path(folder).name if folder else None
 
 
 def clear_run_dir(run_dir: Path) -> None:

@@ -39,7 +39,7 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     """Write the report into ``out_html``'s folder; returns ``out_html``."""
     out = out_html.parent
     out.mkdir(parents=True, exist_ok=True)
-    parts = [_header(summary, matrix), _headline(summary, limits, out)]
+    parts = [_header(summary, matrix, limits), _headline(summary, limits, out)]
     for name, spec in registry.MEASURED.items():
         fig, data = spec.drawing()(summary)
         png = png_bytes(fig)
@@ -65,15 +65,16 @@ def cell_counts(summary: pd.DataFrame, html: bool = False) -> str:
         f" ({', '.join(parts)})" if parts else "")
 
 
-def _header(summary: pd.DataFrame, matrix: dict[str, str]) -> str:
+def _header(summary: pd.DataFrame, matrix: dict[str, str], limits: dict[str, Any]) -> str:
     toc = "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in [
         ("headline", "Headline"), *[(k, v.title) for k, v in registry.MEASURED.items()],
         ("environment", "Environment, limits and run inventory"), ("methods", "Methods"),
         ("projection", "Projection to cluster scale (model output)")])
     return (f"<h1>resilience-bench report</h1><p class=\"meta\">Matrix <b>{esc(matrix['name'])}</b> "
             f"({esc(matrix['source'])}): {esc(matrix['description'])}<br>{cell_counts(summary, html=True)}. "
-            f"Generated {esc(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}. All numbers below are measured on this "
-            f"machine, except the last section, which is a projection.</p><nav><ol>{toc}</ol></nav>")
+            f"Generated {esc(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}. All numbers below are measured, except the "
+            f"last section, which is a projection. {esc(tables.probe_note(limits, summary))}</p>"
+            f"<nav><ol>{toc}</ol></nav>")
 
 
 def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
@@ -101,8 +102,8 @@ def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
         t2 = "<p class=\"note\">No cell of this matrix injects a fault.</p>"
     body = (f"<h3>Per strategy</h3>{t1}<p class=\"caption\">Checkpoint cost per strategy (medians over its ok runs; "
             f"{esc(disk_note)}; cells: asked for by the matrix; a strategy without an ok cell keeps its row, \"not "
-            f"measured\" and why). Look at the stall first: it is paid at every checkpoint. Bit-exact: every run's final "
-            f"state equals the fault-free reference's, bit for bit. Data: headline_strategies.csv.</p>"
+            f"measured\" and why). Look at the stall first: it is paid at every checkpoint. Bit-exact: every run's "
+            f"final state equals the fault-free reference's, bit for bit. Data: headline_strategies.csv.</p>"
             f"<h3>Per strategy and fault</h3>{t2}<p class=\"caption\">Recovery per injected fault (medians over ok "
             f"runs; recovered counts all runs). Look at recovery time and lost steps against sync, and at any "
             f"\"no\" in bit-exact: a recovery that changed the training result. Data: headline_faults.csv.</p>")
@@ -121,8 +122,9 @@ def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, A
         f"<pre>{esc(r['error_detail'])}</pre></details>" for _, r in bad.iterrows())
     env_table = table(envt, [("group", "group"), ("key", "key"), ("value", "value")], text=["group", "key", "value"])
     body = (f"<h3>Machine and physical limits</h3>{env_table}"
-            f"<p class=\"caption\">Where the numbers were measured. Limits come from the probe rule "
-            f"(python -m resilience.bench.probe); \"not probed\" where it has not measured them. Data: environment.csv."
+            f"<p class=\"caption\">Where the numbers were measured. Limits come from this pipeline run's probe "
+            f"(python -m resilience.bench.probe, into results/probe/&lt;snapshot&gt;/); \"not probed\" where it has "
+            f"not measured them. {esc(tables.probe_note(limits, summary))} Data: environment.csv."
             f"</p><h3>Run inventory</h3>"
             + f"<p>{esc(cell_counts(summary))}.</p>"
             + (f"<p>{len(bad)} cell(s) did not produce a usable result:</p>{problems}" if len(bad) else "")

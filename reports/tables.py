@@ -82,14 +82,30 @@ def _with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd
 
 
 def disk_limit(limits: dict[str, Any], frame: pd.DataFrame) -> float | None:
-    """The probed disk write bandwidth in MB/s: limits.json, else the median ``limits.*`` of the runs, else None."""
-    for key, scale in (("write_GBps", 1000.0), ("disk_write_MBps", 1.0)):
-        if limits.get("probed", True) and isinstance(limits.get(key), (int, float)):
-            return float(limits[key]) * scale
-        from_runs = _median(col(frame, f"limits.{key}"))
-        if from_runs is not None:
-            return from_runs * scale
-    return None
+    """The disk write bandwidth (MB/s) of the pipeline's probe snapshot (limits.json), else None.
+
+    Never from elsewhere: limits probed by another process, at another time, describe other conditions.
+    """
+    value = limits.get("write_GBps")
+    return float(value) * 1000.0 if limits.get("probed", True) and isinstance(value, (int, float)) else None
+
+
+def probe_note(limits: dict[str, Any], frame: pd.DataFrame) -> str:
+    """Where and when the limits were measured, and whether every finished cell ran under that snapshot."""
+    if not limits.get("probed", True) or "measured_at" not in limits:
+        return f"Limits not probed ({limits.get('reason', 'no probe snapshot')})."
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(limits["measured_at"]))
+    snapshot = limits.get("snapshot")
+    note = (f"Limits measured on {limits.get('host', '?')} in {limits.get('dir', '?')} at {when}"
+            + (f" (probe snapshot {snapshot})" if snapshot else "") + ".")
+    ran = finished(frame)
+    under = ran["probe"].fillna("none recorded").astype(str) if "probe" in ran else \
+        pd.Series("none recorded", index=ran.index)
+    other = under[under != str(snapshot)]
+    if snapshot and len(other):
+        names = ", ".join(sorted(set(other)))
+        note += f" {len(other)} of {len(ran)} finished cells ran under another snapshot ({names})."
+    return note
 
 
 def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataFrame:
@@ -173,8 +189,6 @@ def environment_table(env: dict[str, Any], limits: dict[str, Any], frame: pd.Dat
                 value = ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in value)
             elif key == "measured_at" and isinstance(value, (int, float)):
                 value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
-        elif col(frame, f"limits.{key}").notna().any():
-            value = f"{_median(col(frame, f'limits.{key}')):.4g} (median of the runs' result.json)"
         elif key == "reason":
             value = limits[key]
         else:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,33 +23,42 @@ def test_disk_and_memcpy_measurements_are_plausible(tmp_path):
     assert probe.measure_memcpy(size_mb=16) > 0.1
 
 
-def test_load_limits_probes_once_per_host_and_file_system(tmp_path, monkeypatch):
-    monkeypatch.setattr(probe, "CACHE_DIR", tmp_path / "cache")
+def test_load_limits_reuses_a_fresh_snapshot_beside_the_results_only(tmp_path, monkeypatch):
+    """No cache shared by checkouts: the snapshot is a file in the given directory, reused only while fresh."""
     calls = []
     figures = dict.fromkeys(probe.FIGURES, 1.0)
-    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or {**figures, "dir": str(d)})
+    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or {**figures, "dir": str(d),
+                                                                               "measured_at": time.time()})
     first = probe.load_limits(tmp_path / "not" / "yet" / "created")  # probed where it will be created
     assert calls == [tmp_path] and first["write_GBps"] == 1.0
-    assert probe.load_limits(tmp_path) == first and len(calls) == 1  # same device: cached
+    assert json.loads((tmp_path / "not" / "yet" / "created" / "limits.json").read_text()) == first
+    assert probe.load_limits(tmp_path / "not" / "yet" / "created") == first and len(calls) == 1  # fresh: reused
+    assert probe.cached_limits(tmp_path / "not" / "yet" / "created") == first
     probe.load_limits(tmp_path, refresh=True)
-    assert len(calls) == 2
-    cached = json.loads(next((tmp_path / "cache").glob("limits-*.json")).read_text())
-    assert list(cached) == [f"{os.uname().nodename}:dev{os.stat(tmp_path).st_dev}"]
+    assert len(calls) == 2 and (tmp_path / "limits.json").exists()
+    assert probe.cached_limits(tmp_path / "elsewhere") is None  # another directory shares nothing
 
 
-def test_a_cache_from_an_older_probe_is_measured_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(probe, "CACHE_DIR", tmp_path / "cache")
+def test_a_stale_snapshot_or_one_from_an_older_probe_is_measured_again(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or dict.fromkeys(probe.FIGURES, 2.0))
-    key = f"{os.uname().nodename}:dev{os.stat(tmp_path).st_dev}"
-    (tmp_path / "cache").mkdir()
-    probe._cache_file().write_text(json.dumps({key: {"write_GBps": 1.0}}))  # no p2p_GBps: written before it
-    assert probe.load_limits(tmp_path)["p2p_GBps"] == 2.0 and len(calls) == 1
+    monkeypatch.setattr(probe, "probe", lambda d, size_mb: calls.append(d) or {
+        **dict.fromkeys(probe.FIGURES, 2.0), "measured_at": time.time()})
+    snapshot = tmp_path / "limits.json"
+    snapshot.write_text(json.dumps({**dict.fromkeys(probe.FIGURES, 1.0), "measured_at": time.time() - 7200}))
+    assert probe.load_limits(tmp_path, max_age_s=3600)["write_GBps"] == 2.0 and len(calls) == 1
+    snapshot.write_text(json.dumps({"write_GBps": 1.0, "measured_at": time.time()}))  # no p2p_GBps: older probe
+    assert probe.load_limits(tmp_path)["p2p_GBps"] == 2.0 and len(calls) == 2
+
+
+def test_probe_command_rejects_a_negative_age(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        probe.main(["--dir", str(tmp_path), "--max-age-h", "-1"])
+    assert info.value.code == 2
 
 
 @pytest.mark.timeout(60)
 def test_probe_command_prints_and_writes_the_figures(tmp_path):
-    env = {**os.environ, "RESILIENCE_CACHE": str(tmp_path / "cache")}
+    env = dict(os.environ)
     cmd = [sys.executable, "-m", "resilience.bench.probe", "--dir", str(tmp_path / "ckpt"),
            "--out", str(tmp_path / "limits.json"), "--size-mb", "64"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -58,6 +68,8 @@ def test_probe_command_prints_and_writes_the_figures(tmp_path):
     assert limits["write_GBps"] > 0 and limits["read_GBps"] > 0 and limits["memcpy_GBps"] > 0
     assert 0 < limits["rank_start_s"] < 60 and limits["probe_bytes"] == 64 << 20
     assert limits["p2p_GBps"] > 0 and "rank-to-rank transfer" in done.stdout
+    assert limits["host"] and limits["measured_at"] <= time.time()
+    assert f"snapshot {tmp_path / 'limits.json'}" in done.stdout
 
 
 def fake(stall, durable, nbytes=1e9, sha="a", **extra):

@@ -204,3 +204,36 @@ def test_report_command_counts_cells_the_summary_lacks(runs, tmp_path):
     assert report_main([str(tmp_path / "summary.csv"), "--matrix", str(FIXTURES / "matrix.yaml"),
                         "--out", str(out)]) == 0
     assert "3 of 6 cells finished" in out.read_text()
+
+
+def test_the_pipeline_takes_a_new_limits_snapshot_only_when_cells_are_about_to_run(tmp_path):
+    from reports.limits import snapshot_dir
+
+    first = snapshot_dir(tmp_path, cells_to_run=False, max_age_s=0, now=1e9)
+    assert first.parent == tmp_path / "probe" and first.name == "20010909T014640Z"
+    first.mkdir(parents=True)
+    (first / "limits.json").write_text("{}")
+    assert snapshot_dir(tmp_path, cells_to_run=False, max_age_s=0) == first  # nothing to measure: keep it
+    assert snapshot_dir(tmp_path, cells_to_run=True, max_age_s=3600) == first  # young enough
+    assert snapshot_dir(tmp_path, cells_to_run=True, max_age_s=0, now=2e9) != first  # cells to run: probe anew
+
+
+def test_a_cell_records_the_snapshot_of_its_pipeline_run(monkeypatch):
+    from reports.cell import probe_snapshot
+
+    monkeypatch.delenv("RB_PROBE", raising=False)
+    assert probe_snapshot() is None
+    monkeypatch.setenv("RB_PROBE", "results/probe/20250101T000000Z")
+    assert probe_snapshot() == "20250101T000000Z"
+
+
+@pytest.mark.timeout(120)
+def test_report_says_where_and_when_the_limits_were_measured(summary, tmp_path):
+    limits = {**LIMITS, "host": "node7", "dir": "/scratch/rb/probe/S1", "measured_at": 1.7e9, "snapshot": "S1"}
+    summary = summary.assign(probe="S1")
+    summary.loc[summary.index[0], "probe"] = "S0"
+    html = _render(summary, tmp_path / "report", limits)
+    assert "Limits measured on node7 in /scratch/rb/probe/S1 at " in html and "(probe snapshot S1)" in html
+    assert "1 of 6 finished cells ran under another snapshot (S0)" in html
+    env = pd.read_csv(tmp_path / "report" / "environment.csv")
+    assert "snapshot" in set(env["key"]) and "(median of the runs" not in html

@@ -1,4 +1,4 @@
-"""``python -m resilience.bench.probe [--dir CKPT_DIR] [--out FILE] [--refresh]``: this machine's limits, for context.
+"""``python -m resilience.bench.probe [--dir DIR] [--out FILE] [--max-age-h H] [--refresh]``: this machine's limits.
 
 A checkpoint cannot be written faster than the disk takes data, snapshotted faster than memory copies, or a
 recovery finish before processes restart. The probe measures those ceilings, so that results can say how close
@@ -12,9 +12,11 @@ a strategy gets (e.g. "sync writes at 80% of the disk's bandwidth"):
 * ``rank_start_s``: spawning two processes that import torch and initialise a gloo process group;
 * ``p2p_GBps``: gloo send/recv of 256 MiB between those two (best of 3): how fast a replica's state travels.
 
-Results are cached per host and file system (``~/.cache/resilience-bench/limits-<host>.json``, keyed by the
-directory's device number); ``load_limits`` returns the cached figures and probes only when they are missing.
-The probe takes ~10 s on an idle machine (3 x 1 GiB written, 1 GiB read, two ranks started).
+The figures are a snapshot in one file beside the results they describe (``--out``, default
+``CKPT_DIR/limits.json``), with where (``host``, ``dir``) and when (``measured_at``) they were measured. There is no
+cache shared between checkouts or results directories: ``load_limits`` reuses a snapshot only if it is younger than
+``max_age_s``, and probes otherwise. The pipeline takes its own snapshot per run (``reports.limits``, the Snakefile's
+probe rule). The probe takes ~10 s on an idle machine (3 x 1 GiB written, 1 GiB read, two ranks started).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch
 
 from resilience.record.fsio import atomic_write_json
 
-CACHE_DIR = Path(os.environ.get("RESILIENCE_CACHE", Path.home() / ".cache" / "resilience-bench"))
+SNAPSHOT = "limits.json"
+MAX_AGE_S = 3600.0  # a machine's load, and so its limits, changes within hours: an older snapshot is probed again
 CHUNK = 8 << 20
 FIGURES = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s", "p2p_GBps")
 _RANK_CHILD = """
@@ -59,11 +62,7 @@ dist.destroy_process_group()
 """
 
 
-def _cache_file() -> Path:
-    return CACHE_DIR / f"limits-{socket.gethostname()}.json"
-
-
-def _cache_key(ckpt_dir: Path) -> str:
+def _key(ckpt_dir: Path) -> str:
     return f"{socket.gethostname()}:dev{os.stat(ckpt_dir).st_dev}"
 
 
@@ -159,42 +158,46 @@ def probe(ckpt_dir: str | Path, size_mb: int = 1024) -> dict[str, Any]:
     path = Path(ckpt_dir)
     path.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    limits = {"host": socket.gethostname(), "key": _cache_key(path), "dir": str(path.resolve()),
+    limits = {"host": socket.gethostname(), "key": _key(path), "dir": str(path.resolve()),
               **measure_disk(path, size_mb), "memcpy_GBps": measure_memcpy(), **measure_ranks(),
               "rank_start_ranks": 2, "torch": torch.__version__, "measured_at": time.time()}
     limits["probe_s"] = time.perf_counter() - t0
     return limits
 
 
-def _read_cache() -> dict[str, Any]:
+def read_snapshot(path: str | Path, max_age_s: float = MAX_AGE_S) -> dict[str, Any] | None:
+    """The limits in snapshot file ``path`` if it holds every figure and is younger than ``max_age_s``; else None."""
     try:
-        return json.loads(_cache_file().read_text())
+        limits = json.loads(Path(path).read_text())
     except (OSError, ValueError):
-        return {}
+        return None
+    fresh = time.time() - float(limits.get("measured_at", 0)) <= max_age_s
+    return limits if fresh and set(FIGURES) <= set(limits) else None  # figures missing: an older probe wrote it
 
 
-def cached_limits(ckpt_dir: str | Path) -> dict[str, Any] | None:
-    """The cached limits of ``ckpt_dir``'s file system on this host, or None if it was never probed (no probing)."""
-    return _read_cache().get(_cache_key(_existing_dir(ckpt_dir)))
+def cached_limits(ckpt_dir: str | Path, max_age_s: float = MAX_AGE_S) -> dict[str, Any] | None:
+    """The snapshot ``ckpt_dir/limits.json`` if it is fresh (see :func:`read_snapshot`), else None; never probes."""
+    return read_snapshot(Path(ckpt_dir) / SNAPSHOT, max_age_s)
 
 
-def load_limits(ckpt_dir: str | Path, refresh: bool = False, size_mb: int = 1024) -> dict[str, Any]:
-    """The cached limits of ``ckpt_dir``'s file system on this host; probed (and cached) when absent or ``refresh``."""
-    where = _existing_dir(ckpt_dir)
-    key = _cache_key(where)
-    cache_file = _cache_file()
-    cache = _read_cache()
-    if refresh or not set(FIGURES) <= set(cache.get(key, {})):  # absent, or cached by an older probe
-        cache[key] = probe(where, size_mb)  # the nearest existing directory: same file system, nothing created
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cache_file, cache)
-    return cache[key]
+def load_limits(ckpt_dir: str | Path, refresh: bool = False, size_mb: int = 1024, snapshot: str | Path | None = None,
+                max_age_s: float = MAX_AGE_S) -> dict[str, Any]:
+    """The limits of ``ckpt_dir``'s file system from ``snapshot`` (default ``ckpt_dir/limits.json``) when it is
+    fresh; probed (and written there) when it is absent, stale, from an older probe, or ``refresh``."""
+    path = Path(snapshot) if snapshot else Path(ckpt_dir) / SNAPSHOT
+    limits = None if refresh else read_snapshot(path, max_age_s)
+    if limits is None:
+        limits = probe(_existing_dir(ckpt_dir), size_mb)  # the nearest existing directory: same file system
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, limits)
+    return limits
 
 
 def describe(limits: dict[str, Any]) -> str:
     """The figures, one per line."""
     samples = ", ".join(f"{w:.2f}" for w in limits["write_samples_GBps"])
-    return (f"limits of {limits['key']} ({limits['dir']}):\n"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(limits["measured_at"]))
+    return (f"limits of {limits['key']} ({limits['dir']}), measured {when}:\n"
             f"  disk write (fsync, median)  {limits['write_GBps']:.2f} GB/s  "
             f"(samples {samples}; {limits['probe_bytes'] >> 20} MiB each)\n"
             f"  disk read ({'cold' if limits['read_cold'] else 'possibly cached'})  {limits['read_GBps']:.2f} GB/s\n"
@@ -207,18 +210,21 @@ def describe(limits: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="results", help="a directory on the checkpoint file system (default: results)")
-    ap.add_argument("--out", help="also write the figures to this JSON file")
-    ap.add_argument("--refresh", action="store_true", help="probe again even if cached figures exist")
+    ap.add_argument("--out", help="the snapshot file to reuse or write (default: DIR/limits.json)")
+    ap.add_argument("--max-age-h", type=float, default=MAX_AGE_S / 3600,
+                    help=f"reuse a snapshot younger than this (hours; default {MAX_AGE_S / 3600:g})")
+    ap.add_argument("--refresh", action="store_true", help="probe again even if the snapshot is fresh")
     ap.add_argument("--size-mb", type=int, default=1024, help="bytes per disk sample, in MiB (default 1024)")
     args = ap.parse_args(argv)
     if args.size_mb < 1:
         ap.error(f"--size-mb={args.size_mb}: must be an integer >= 1")
-    limits = load_limits(args.dir, refresh=args.refresh, size_mb=args.size_mb)
+    if not args.max_age_h >= 0:
+        ap.error(f"--max-age-h={args.max_age_h}: must be a number >= 0")
+    snapshot = Path(args.out) if args.out else Path(args.dir) / SNAPSHOT
+    limits = load_limits(args.dir, refresh=args.refresh, size_mb=args.size_mb, snapshot=snapshot,
+                         max_age_s=args.max_age_h * 3600)
     print(describe(limits))
-    print(f"  cached in {_cache_file()}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.out, limits)
+    print(f"  snapshot {snapshot}")
 
 
 if __name__ == "__main__":
