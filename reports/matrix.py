@@ -212,7 +212,9 @@ def _cell_overrides(v: dict[str, Any], extra: list[str]) -> list[str]:
             f"detector=[{','.join(v['detectors'])}]", f"checkpoint.every={v['checkpoint.every']}",
             f"world_size={v['world_size']}", f"steps={v['steps']}", f"seed={v['seed']}",
             *([f"recovery={v['recovery']}"] if v["recovery"] is not None else []),
-            *[f"{k}={v[k]}" for k in ("supervisor.launcher", "supervisor.spares") if v[k] is not None], *extra]
+            # as in the names: the defaults (local launcher, no spare) add nothing, so existing cells' jobs stay as they were
+            *[f"{k}={v[k]}" for k in ("supervisor.launcher", "supervisor.spares") if v[k] not in (None, "local", 0)],
+            *extra]
 
 
 if __name__ == "__main__":

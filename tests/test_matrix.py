@@ -111,7 +111,7 @@ def test_launcher_and_spares_axes_name_and_override_only_what_is_not_the_default
     cells = expand(spec(**{"axes.supervisor.launcher": ["local", "torchrun"], "axes.supervisor.spares": [0, 1],
                            "exclude": [{"supervisor.launcher": "torchrun", "supervisor.spares": 1}]})).cells
     before = {c.name for c in expand(spec(exclude=[])).cells}
-    local = [c for c in cells if "supervisor.launcher=local" in c.overrides and "supervisor.spares=0" in c.overrides]
+    local = [c for c in cells if not any(o.startswith("supervisor.") for o in c.overrides)]
     assert {c.name for c in local} == before  # the default launcher and no spares: today's names
     torchrun = [c for c in cells if "supervisor.launcher=torchrun" in c.overrides]
     assert torchrun and all(c.name.endswith("-torchrun") for c in torchrun if not c.is_reference)
