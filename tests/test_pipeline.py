@@ -53,7 +53,8 @@ def test_bad_matrix_is_one_line_naming_the_key(tmp_path):
     done = snakemake("-n", "--config", f"matrix={bad}", f"results={tmp_path}")
     assert done.returncode != 0
     assert done.stdout.strip() == ("error: matrix bad: axes.sped: unknown axis; allowed: workload, strategy, fault, "
-                                   "detectors, checkpoint.every, seed, world_size, steps, recovery")
+                                   "detectors, checkpoint.every, seed, world_size, steps, recovery, "
+                                   "supervisor.launcher, supervisor.spares")
 
 
 @pytest.mark.timeout(120)
