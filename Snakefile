@@ -4,6 +4,7 @@
     snakemake --cores 2 --config matrix=smoke    # another conf/matrix/<name>.yaml (or a path to one)
     snakemake --cores 2 --config results=/tmp/r  # somewhere else than results/
     snakemake --cores 2 --config probe_max_age_h=6  # reuse a limits snapshot up to 6 h old (default 0: probe anew)
+    snakemake --cores 2 --config rerun_noisy=true   # run again the cells measured on a busy host (kept in noisy/)
     snakemake --report results/snakemake-report.zip
 
 Each cell is one `python -m resilience` run in results/runs/<cell>/; its done.json (written last) records how it
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from reports import registry
+from reports.cell import set_aside_noisy
 from reports.limits import snapshot_dir
 from reports.matrix import MatrixError, load_matrix
 
@@ -32,6 +34,10 @@ except (TypeError, ValueError, AssertionError):
 # The limits snapshot of this pipeline run (reports/limits.py): a new one when cells are about to run (unless one
 # younger than probe_max_age_h exists). Every cell records it (reports/cell.py reads RB_PROBE); a job that
 # Snakemake starts as its own process (SLURM) parses this file again and inherits the choice.
+if str(config.get("rerun_noisy", "false")).lower() in ("true", "1", "yes"):
+    # Cells measured on a busy host run again; what they measured is kept aside, never deleted.
+    for name in set_aside_noisy(Path(RESULTS), [c.name for c in MATRIX.cells]):
+        print(f"rerun_noisy: {name} was measured on a busy host; kept in {RESULTS}/noisy/, it runs again")
 CELLS_TO_RUN = any(not Path(f"{RESULTS}/runs/{c.name}/done.json").exists() for c in MATRIX.cells)
 PROBE = os.environ.setdefault("RB_PROBE", str(snapshot_dir(Path(RESULTS), CELLS_TO_RUN, PROBE_MAX_AGE_H * 3600)))
 ENV = "workflow/envs/bench.yaml"

@@ -76,11 +76,35 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
         "started": started, "elapsed_s": time.time() - started, "exit_code": proc.returncode,
         **classify(run_dir, proc.returncode, timed_out, timeout_s, list(tails["stderr"]), list(tails["stdout"])),
     }
+    record["validity"] = measured_validity(run_dir)
     if not keep_checkpoints and (run_dir / "ckpt").is_dir():
         shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
     atomic_write_json(done_path, record)
     print(f"[cell] {record['state']}" + (f": {record['error']}" if record["error"] else ""), flush=True)
     return record
+
+
+def measured_validity(run_dir: Path) -> str | None:
+    """valid, noisy or unknown: was the host quiet while the cell ran (result.json's validity); None without one."""
+    try:
+        return json.loads((run_dir / "result.json").read_text())["validity"]["verdict"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def set_aside_noisy(results: Path, cells: list[str]) -> list[str]:
+    """Move the run directories of the noisy cells among ``cells`` to ``results/noisy/<cell>-<time>`` (so that they
+    run again); return their names."""
+    moved = []
+    for name in cells:
+        run_dir = results / "runs" / name
+        done = run_dir / "done.json"
+        if done.exists() and json.loads(done.read_text()).get("validity") == "noisy":
+            target = results / "noisy" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.rename(target)
+            moved.append(name)
+    return moved
 
 
 def probe_snapshot() -> str | None:

@@ -20,7 +20,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from reports.tables import bit_exact, col, order
+from reports.tables import bit_exact, col, finished, noisy, order
 from resilience.named import base_option
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -57,7 +57,7 @@ def checkpointing(frame: pd.DataFrame) -> pd.DataFrame:
 
 def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The comparison table (see the module docstring); empty when the matrix ran no checkpointing strategy."""
-    runs = checkpointing(frame)
+    runs = finished(checkpointing(frame))
     runs = runs[~runs.get("is_reference", pd.Series(False, index=runs.index)).astype(bool)] if len(runs) else runs
     if runs.empty:
         return pd.DataFrame()
@@ -68,7 +68,9 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
                "library": library.iloc[0] if len(library) else "-",
                "version": _first(group, "peer.version"), "patches": _patches(group), "runs": len(group),
                "bit_exact": bit_exact(group)}
-        row.update({name: col(group, source).median() for name, source in MEASURES.items()})
+        timed = group[~noisy(group)]  # a busy host's timings stay out; its bit-exact check counts
+        row.update({name: col(timed, source).median() for name, source in MEASURES.items()})
+        row["noisy_runs"] = int(noisy(group).sum())
         # Peak PSS of the run's processes (ranks, supervisor, the library's helpers), fault-free runs only: a
         # recovery's second set of processes is not what a strategy costs.
         free = group[group.get("cell.fault", pd.Series("none", index=group.index)).astype(str) == "none"]

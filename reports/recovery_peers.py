@@ -15,7 +15,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from reports.tables import col, order
+from reports.tables import col, finished, noisy, order
 
 STRATEGIES = ("sync", "replica", "replica_torchft")
 
@@ -36,6 +36,7 @@ def rows_of(frame: pd.DataFrame) -> pd.DataFrame:
     """The faulted runs this section compares (with their label)."""
     if frame.empty or "cell.strategy" not in frame:
         return frame.iloc[0:0]
+    frame = finished(frame)
     faulted = frame[(frame.get("cell.fault", pd.Series("none", index=frame.index)) != "none")
                     & ~frame.get("is_reference", pd.Series(False, index=frame.index)).astype(bool)]
     nvrx = faulted.get("cell.detectors", pd.Series("", index=faulted.index)).astype(str).str.contains("nvrx")
@@ -52,19 +53,20 @@ def recovery_peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     for (way, fault), group in runs.groupby(["way", "cell.fault_label"], sort=False):
         ref_loss = pd.Series([loss.get(r, float("nan")) for r in group.get("reference_cell", [])], dtype=float)
         delta = (col(group, "final_loss").reset_index(drop=True) - ref_loss).median()
+        timed = group[~noisy(group)]  # a busy host's timings stay out; its verdicts count
         out.append({
             "way": way, "fault": fault, "n": len(group),
             "detected_by": ", ".join(sorted({str(d) for d in group.get("detector", pd.Series()).dropna()})) or "-",
-            "detection_s": col(group, "detection_latency_s").median(),
-            "recovery_s": col(group, "recovery_time_s").median(),
-            "restart_s": col(group, "recovery_breakdown_s.restart").median(),
-            "load_or_heal_s": col(group, "recovery_load_s").median(),
-            "replay_s": col(group, "recovery_breakdown_s.replay").median(),
+            "detection_s": col(timed, "detection_latency_s").median(),
+            "recovery_s": col(timed, "recovery_time_s").median(),
+            "restart_s": col(timed, "recovery_breakdown_s.restart").median(),
+            "load_or_heal_s": col(timed, "recovery_load_s").median(),
+            "replay_s": col(timed, "recovery_breakdown_s.replay").median(),
             "survivors_restarted": _yes_no(group.get("survivors_restarted")),
             "lost_steps": col(group, "lost_steps").median(),
             "reduced_width_steps": col(group, "reduced_width_steps").fillna(0).median(),
             "final_loss_delta": delta,
-            "verdict": _verdict(group),
+            "verdict": _verdict(group), "noisy_runs": int(noisy(group).sum()),
         })
     return pd.DataFrame(out)
 

@@ -61,8 +61,11 @@ def cell_counts(summary: pd.DataFrame, html: bool = False) -> str:
     rank = {"ok": 0, "unrecovered": 1, "failed": 2, "invalid": 3, tables.NOT_RUN: 4}
     parts = [badge(s, f"{n} {esc(s)}") if html else f"{n} {s}"
              for s, n in sorted(states.items(), key=lambda kv: (rank.get(kv[0], 5), kv[0]))]
-    return f"{len(tables.finished(summary))} of {len(summary)} cells finished" + (
-        f" ({', '.join(parts)})" if parts else "")
+    ran = tables.finished(summary)
+    noisy = int(tables.noisy(ran).sum())
+    if noisy:  # measured while the host was busy: kept out of the headline figures
+        parts.append(badge("failed", f"{noisy} noisy") if html else f"{noisy} noisy")
+    return f"{len(ran)} of {len(summary)} cells finished" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _header(summary: pd.DataFrame, matrix: dict[str, str], limits: dict[str, Any]) -> str:

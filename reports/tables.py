@@ -32,6 +32,18 @@ def ok_runs(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["state"] == "ok"] if "state" in frame else frame.iloc[0:0]
 
 
+def noisy(frame: pd.DataFrame) -> pd.Series:
+    """Per row: the run was measured while the host was busy (result.json validity, resilience.record.host_load)."""
+    return frame.get("validity.verdict", pd.Series(None, index=frame.index, dtype=object)).astype(str) == "noisy"
+
+
+def timed_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The ok runs whose timings count: noisy ones are kept out of the headline figures (their bit-exact check
+    still counts: a busy host changes times, not states)."""
+    ok = ok_runs(frame)
+    return ok[~noisy(ok)]
+
+
 def order(frame: pd.DataFrame, column: str) -> list[str]:
     """Values of ``column`` in the matrix's order (first appearance), which the tables and figures keep."""
     return list(dict.fromkeys(frame[column].dropna())) if column in frame else []
@@ -56,7 +68,8 @@ def not_measured(rows: pd.DataFrame) -> str:
     """"" when some of ``rows`` is ok; else "not measured (<why>)", the reasons of its cells' states."""
     states = list(dict.fromkeys(rows["state"].dropna())) if "state" in rows else []
     if "ok" in states:
-        return ""
+        ok = rows[rows["state"] == "ok"]
+        return f"timings not measured: all {len(ok)} ok run(s) noisy" if noisy(ok).all() else ""
     return f"not measured ({' / '.join(dict.fromkeys(REASONS.get(s, str(s)) for s in states)) or NOT_RUN})"
 
 
@@ -110,7 +123,7 @@ def probe_note(limits: dict[str, Any], frame: pd.DataFrame) -> str:
 
 def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataFrame:
     """One row per strategy: checkpoint costs, write bandwidth (and its share of the disk), goodput, bit-exactness."""
-    ok, disk = ok_runs(frame), disk_limit(limits, frame)
+    ok, disk = timed_runs(frame), disk_limit(limits, frame)
     rows = []
     for strategy in order(frame, "cell.strategy"):
         mine, mine_ok = frame[frame["cell.strategy"] == strategy], ok[ok["cell.strategy"] == strategy]
@@ -135,7 +148,7 @@ def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataF
 
 def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (strategy, fault): recovery time, lost steps, detection latency, goodput, bit-exactness."""
-    ok = ok_runs(frame)
+    ok = timed_runs(frame)
     rows = []
     for fault in [f for f in order(frame, "cell.fault_label") if f != "none"]:
         for strategy in order(frame, "cell.strategy"):

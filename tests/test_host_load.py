@@ -59,3 +59,19 @@ def test_verdicts():
     stolen = {**quiet, "steal_frac": 0.2}
     assert _validity(stolen) | {} and _validity(stolen)["reasons"] == ["CPU steal 0.2 > 0.05"]
     assert _validity(None)["verdict"] == "unknown" and _validity({"other_cpu_frac": None})["verdict"] == "unknown"
+
+
+def test_rerun_noisy_sets_only_noisy_cells_aside_and_keeps_them(tmp_path):
+    import json
+
+    from reports.cell import set_aside_noisy
+
+    for name, verdict in (("a", "noisy"), ("b", "valid"), ("c", None)):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        (run / "done.json").write_text(json.dumps({"cell": name, "validity": verdict}))
+        (run / "result.json").write_text("{}")
+    assert set_aside_noisy(tmp_path, ["a", "b", "c", "never-ran"]) == ["a"]
+    assert not (tmp_path / "runs" / "a").exists() and (tmp_path / "runs" / "b" / "done.json").exists()
+    kept = list((tmp_path / "noisy").iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("a-") and (kept[0] / "result.json").exists()
