@@ -286,12 +286,16 @@ def _what_was_loaded(events: list[dict], fault: dict, trace: _Trace) -> dict[str
     """Lost steps (fault step minus the step loaded; never below 0: in place, survivors may be one step past the
     fault), where the state came from, its bytes, the load's critical path, and whether survivors restarted."""
     loaded = trace.loaded
+    # A rank other than the fault's victims started again in the recovery's attempt (under torchrun there is no
+    # restart event of ours to ask, so the ranks' own starts tell).
+    started = {e["rank"] for e in events if e["kind"] == "run_start" and e["attempt"] == trace.start["attempt"]}
+    victims = set(fault.get("node_ranks") or [fault.get("target_rank", fault["rank"])])
     return {
         "lost_steps": max(0, fault["step"] - (loaded["step"] if loaded else 0)),
         "recovery_source": loaded.get("source") if loaded else "none",
         "recovery_bytes": loaded.get("bytes") if loaded else 0,
         "recovery_load_s": _load_critical_path(events, fault, trace.start["attempt"]),
-        "survivors_restarted": trace.restart is not None and not trace.restart.get("ranks"),
+        "survivors_restarted": bool(started - victims),
     }
 
 
