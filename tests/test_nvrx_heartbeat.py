@@ -1,5 +1,5 @@
 """NVRx's hang detection as a detector: its rank monitors (started by the supervisor) decide, we record; a hung rank
-is killed by the library, blamed correctly, and the run recovers bit-exact; a fault-free run has no verdict; nothing
+is killed by the library, blamed correctly, no verdict comes before the hang, the run recovers bit-exact, and nothing
 of the monitors outlives the run."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import tempfile
 import psutil
 import pytest
 
-from resilience.record.events import read_events
 from tests.conftest import run_experiment
 
 
@@ -42,17 +41,7 @@ def test_nvrx_kills_the_hung_rank_and_the_run_recovers_bit_exact(tmp_path, refer
                             "fault.at_step=13", *COMMON)
     assert result["detected"] and result["detector"] == "nvrx_heartbeat" and result["detected_rank"] == 1
     assert 3 <= result["detection_latency_s"] < 3 + 3, result["detection_latency_s"]  # timeout + its check period
+    assert result["false_alarms"] == 0  # 13 steps of beats before the hang: no verdict before it
     assert result["recovered"] and result["final_state_sha256"] == reference["final_state_sha256"]
     assert list((tmp_path / "run").glob("nvrx_rank_monitor_*.log"))  # the library's own log, in the run directory
     assert leftovers() <= before
-
-
-@pytest.mark.timeout(240)
-def test_fault_free_run_has_no_verdict(tmp_path, reference):
-    before = leftovers()
-    result = run_experiment(tmp_path / "run", "strategy=sync", "fault=none", *COMMON)
-    assert leftovers() <= before
-    assert result["status"] == "ok" and result["false_alarms"] == 0
-    assert not [e for e in read_events(tmp_path / "run") if e["kind"] == "fault_detected"]
-    assert not list((tmp_path / "run" / "nvrx_verdicts").glob("*.json"))
-    assert result["final_state_sha256"] == reference["final_state_sha256"]
