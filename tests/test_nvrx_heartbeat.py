@@ -45,3 +45,13 @@ def test_nvrx_kills_the_hung_rank_and_the_run_recovers_bit_exact(tmp_path, refer
     assert result["recovered"] and result["final_state_sha256"] == reference["final_state_sha256"]
     assert list((tmp_path / "run").glob("nvrx_rank_monitor_*.log"))  # the library's own log, in the run directory
     assert leftovers() <= before
+
+
+@pytest.mark.timeout(240)
+def test_fault_free_run_has_no_verdict(tmp_path):
+    before = leftovers()
+    result = run_experiment(tmp_path / "run", "strategy=sync", "fault=none", "steps=8", "checkpoint.every=4",
+                            "world_size=2", "seed=0", "detector=[nvrx_heartbeat,process_exit]", "timeouts.heartbeat_s=3")
+    assert result["status"] == "ok" and result["false_alarms"] == 0 and result["attempts"] == 1
+    assert not list((tmp_path / "run" / "nvrx_verdicts").glob("*.json"))
+    assert leftovers() <= before
