@@ -4,7 +4,8 @@ A pure function of the YAML (and of the option files in ``conf/``), used by the 
 tests alike. A matrix file holds::
 
     axes:        every axis in AXES, each a non-empty list (fault entries: ``none`` or {name: kill, phase: ...});
-                 ``recovery`` may be left out (then set it in ``overrides``, or the default applies)
+                 the OPTIONAL_AXES may be left out (``recovery``: then set it in ``overrides``, or the default
+                 applies); ``repeat: [0, 1, 2]`` measures every cell three times (same seed, same overrides)
     exclude:     [{axis or fault.<param>: value or [values]}, ...]   cells matching all keys of one entry are dropped
     reference:   {strategy: none}                                    the fault-free run every cell is compared with
     overrides:   {recovery: restart, ...}                            extra Hydra overrides for every cell
@@ -175,9 +176,13 @@ def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = C
     cells: list[Cell] = []
     for _, group in itertools.groupby(sorted(combos, key=_group), key=_group):
         group = list(group)
-        ref = next((v for v in group if v["strategy"] == ref_strategy and v["fault"].name == "none"), None)
+        # GROUP_KEY leaves ``repeat`` out: the repeats of a group share one reference, its first repeat; the
+        # reference strategy's other fault-free repeats are ordinary cells, compared with it like any other.
+        candidates = [v for v in group if v["strategy"] == ref_strategy and v["fault"].name == "none"]
+        ref = min(candidates, key=_repeat, default=None)
         if ref is None:  # the fault-free reference is part of every matrix, excluded or not
-            ref = {**group[0], "strategy": ref_strategy, "fault": next(f for f in axes["fault"] if f.name == "none")}
+            ref = {**min(group, key=_repeat), "strategy": ref_strategy,
+                   "fault": next(f for f in axes["fault"] if f.name == "none")}
             group.insert(0, ref)
         ref_name = _name(ref)
         ordered = [ref] + [v for v in group if v is not ref]
@@ -194,6 +199,11 @@ def _group(values: dict[str, Any]) -> tuple:
     return tuple(values[k] for k in GROUP_KEY)
 
 
+def _repeat(values: dict[str, Any]) -> int:
+    """The repeat number: 0 without a ``repeat`` axis."""
+    return values["repeat"] or 0
+
+
 def _name(v: dict[str, Any]) -> str:
     parts = [v["workload"], v["strategy"], v["fault"].label, ".".join(v["detectors"]),
              f"every{v['checkpoint.every']}", f"ws{v['world_size']}", f"steps{v['steps']}", f"seed{v['seed']}"]
@@ -203,6 +213,8 @@ def _name(v: dict[str, Any]) -> str:
         parts.append(v["supervisor.launcher"])
     if v["supervisor.spares"]:
         parts.append(f"spares{v['supervisor.spares']}")
+    if _repeat(v):  # repeat 0 keeps the name it has without the axis; the name keeps the repeats' runs apart
+        parts.append(f"rep{v['repeat']}")
     return "-".join(str(p) for p in parts)
 
 
@@ -214,7 +226,7 @@ def _cell_overrides(v: dict[str, Any], extra: list[str]) -> list[str]:
             *([f"recovery={v['recovery']}"] if v["recovery"] is not None else []),
             # as in the names: the defaults (local launcher, no spare) add nothing, so existing cells' jobs stay as they were
             *[f"{k}={v[k]}" for k in ("supervisor.launcher", "supervisor.spares") if v[k] not in (None, "local", 0)],
-            *extra]
+            *extra]  # nothing from ``repeat``: a repeat is the same run, measured again
 
 
 if __name__ == "__main__":

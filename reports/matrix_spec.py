@@ -20,10 +20,13 @@ AXES: dict[str, tuple[str | None, int]] = {
     "workload": ("workload", 0), "strategy": ("strategy", 0), "fault": ("fault", 0), "detectors": ("detector", 0),
     "checkpoint.every": (None, 1), "seed": (None, 0), "world_size": (None, 1), "steps": (None, 1),
     "recovery": ("recovery", 0), "supervisor.launcher": (None, 0), "supervisor.spares": (None, 0),
+    "repeat": (None, 0),
 }
 # Axes a matrix may leave out: then they take one value, None (the run's default or ``overrides``), and stay out
 # of the cell names, so that a matrix without them keeps its names.
-OPTIONAL_AXES = ("recovery", "supervisor.launcher", "supervisor.spares")
+OPTIONAL_AXES = ("recovery", "supervisor.launcher", "supervisor.spares", "repeat")
+# Axes that are no run setting: ``repeat`` measures the same run (same seed, same overrides) again.
+MEASUREMENT_AXES = ("repeat",)
 # Axes whose values are words from a fixed list (not options of a config group, not integers).
 CHOICE_AXES = {"supervisor.launcher": ("local", "torchrun")}
 
@@ -194,6 +197,8 @@ def parse_overrides(raw: Any, where: str, axes: dict[str, list[Any]]) -> list[st
     out = []
     for k, v in raw.items():
         axis_set = k in AXES and axes.get(k) != [None]  # an optional axis left out may be set here
+        if k in MEASUREMENT_AXES:
+            raise MatrixError(f"{where}: overrides.{k}: not a run setting; list it under axes (e.g. {k}: [0, 1, 2])")
         if axis_set or k in ("fault", "detector") or str(k).startswith(("fault.", "hydra.")):
             raise MatrixError(f"{where}: overrides.{k}: set by the axes (or the pipeline); not allowed here")
         out.append(f"{k}={hydra_value(v)}")

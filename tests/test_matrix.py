@@ -119,6 +119,36 @@ def test_launcher_and_spares_axes_name_and_override_only_what_is_not_the_default
     assert any(c.name.endswith("-spares1") for c in cells)
 
 
+def test_repeat_axis_adds_rep_k_only_above_zero_keeps_the_run_and_one_reference_per_group():
+    without = expand(spec()).cells
+    cells = expand(spec(**{"axes.repeat": [0, 1, 2]})).cells
+    by_name = {c.name: c for c in cells}
+    assert len(cells) == 3 * len(without)
+    assert {c.name for c in expand(spec(**{"axes.repeat": [0]})).cells} == {c.name for c in without}
+    for c in without:  # repeat 0 is today's cell; repeats 1, 2 run the same overrides under their own name
+        assert by_name[c.name].overrides == c.overrides
+        for k in (1, 2):
+            again = by_name[f"{c.name}-rep{k}"]
+            assert again.overrides == c.overrides and again.values["repeat"] == k
+            assert again.reference == c.reference  # the repeats share the cell's reference run
+            assert again.job_spec() != c.job_spec()  # ... but not its run directory
+    assert [c.name for c in cells if c.is_reference] == [c.name for c in without if c.is_reference]
+    assert not any("repeat" in o for c in cells for o in c.overrides)
+    # the reference strategy excluded: one added reference per group, still not one per repeat
+    added = expand(spec(**{"axes.repeat": [0, 1], "axes.strategy": ["sync"]})).cells
+    assert len([c for c in added if c.is_reference]) == 2 and not any(c.is_reference and "-rep" in c.name
+                                                                      for c in added)
+
+
+def test_repeat_is_an_axis_not_an_override():
+    with pytest.raises(MatrixError, match=r"overrides.repeat: not a run setting"):
+        expand(spec(overrides={"repeat": 1}))
+    with pytest.raises(MatrixError, match=r"axes.repeat\[1\]=-1: must be an integer >= 0"):
+        expand(spec(**{"axes.repeat": [0, -1]}))
+    assert len(expand(spec(**{"axes.repeat": [0, 1], "exclude": [{"repeat": 1, "strategy": "none"}]})).cells) \
+        == 2 * (2 * 3 + 3)  # seeds x (repeat 0: strategies x faults; repeat 1: sync's three faults)
+
+
 @pytest.mark.parametrize("changes,key,allowed", [
     ({"axes.supervisor.launcher": ["local", "slurm"]}, "axes.supervisor.launcher[1]=slurm", "allowed: local, torchrun"),
     ({"axes.sped": [0]}, "axes.sped", "allowed: workload, strategy"),
