@@ -15,6 +15,8 @@ from typing import Any, Iterable
 import pandas as pd
 from matplotlib.figure import Figure
 
+from reports import stats
+
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #222;
        background: #fafafa; }
@@ -72,9 +74,11 @@ def figure(png: bytes, alt: str, caption: str, data_csv: str) -> str:
 
 
 def table(frame: pd.DataFrame, columns: Iterable[tuple[str, str]], text: Iterable[str] = (),
-          ratios: dict[str, str] | None = None) -> str:
-    """An HTML table of ``frame``'s ``columns`` [(column, header)]; ``ratios`` maps a column to its ratio column."""
-    columns, text, ratios = list(columns), set(text), ratios or {}
+          ratios: dict[str, str] | None = None, intervals: Iterable[str] = ()) -> str:
+    """An HTML table of ``frame``'s ``columns`` [(column, header)]; ``ratios`` maps a column to its ratio column;
+    under each of the ``intervals`` columns, its n and 95% interval from ``<column>_n/_low/_high/_exact``, and
+    under a ratio with a ``<ratio>_verdict`` column, the ratio's interval or "no measurable difference"."""
+    columns, text, ratios, intervals = list(columns), set(text), ratios or {}, set(intervals)
     head = "".join(f'<th class="{"text" if c in text else ""}">{esc(h)}</th>' for c, h in columns)
     body = []
     for _, row in frame.iterrows():
@@ -82,14 +86,33 @@ def table(frame: pd.DataFrame, columns: Iterable[tuple[str, str]], text: Iterabl
         for c, _ in columns:
             value = row.get(c)
             inner = esc(fmt(value))
+            if c in intervals and not missing(value):
+                inner += f'<span class="ratio">{esc(_interval(row, c))}</span>'
             if c in ratios and not missing(row.get(ratios[c])):
-                inner += f'<span class="ratio">x{row[ratios[c]]:.2f} vs sync</span>'
+                inner += f'<span class="ratio">{esc(_ratio(row, ratios[c]))}</span>'
             if c == "state" and not missing(value):
                 inner = badge(value, inner)
             cells.append(f'<td class="{"text" if c in text else ""}">{inner}</td>')
         body.append(f"<tr>{''.join(cells)}</tr>")
     return (f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
             f"</div>")
+
+
+def _known(value: Any) -> Any:
+    return None if missing(value) else value
+
+
+def _interval(row: pd.Series, c: str) -> str:
+    n = row.get(f"{c}_n")
+    return stats.interval_text(0 if missing(n) else int(n), _known(row.get(f"{c}_low")),
+                               _known(row.get(f"{c}_high")), row.get(f"{c}_exact") in (True, "True"))
+
+
+def _ratio(row: pd.Series, r: str) -> str:
+    if f"{r}_verdict" not in row:
+        return f"x{row[r]:.2f} vs sync"
+    return stats.ratio_text(row[r], _known(row.get(f"{r}_low")), _known(row.get(f"{r}_high")),
+                            _known(row.get(f"{r}_verdict")))
 
 
 def badge(state: Any, inner: str | None = None) -> str:

@@ -77,11 +77,24 @@ DERIVED_METRICS: list[tuple[str, str]] = [
                            "that detector was the first to report the fault."),
     ("ratios to sync", "Each value divided by the sync strategy's value for the same column (and fault): below "
                        "1 is less time (or fewer steps) than sync, above 1 more."),
+    ("n and 95% interval", "Under every median: n, the runs it is the median of, and the exact distribution-free "
+                           "95% confidence interval of the median from order statistics, [x_(k), x_(n-k+1)] with "
+                           "the largest k for which 1 - 2 P(Binomial(n, 1/2) <= k-1) >= 0.95 (Conover, Practical "
+                           "Nonparametric Statistics, 3rd ed., 1999, section 3.2); e.g. ranks 2 and 9 of 10 runs, "
+                           "6 and 15 of 20. Below 6 runs no such interval exists: the table shows the runs' range "
+                           "and says \"n too small for an interval\". Repeats (the matrix's repeat axis) and "
+                           "seeds both count as runs (reports/stats.py)."),
+    ("ratio interval and difference", "A ratio to sync carries a 95% interval built from the two medians' exact "
+                                      "97.5% intervals, [low / sync high, high / sync low] (Bonferroni: both "
+                                      "cover together with probability >= 95%; needs 7 runs on each side). A "
+                                      "strategy is called lower or higher than sync only where the two medians' "
+                                      "95% intervals do not overlap; otherwise the table says \"no measurable "
+                                      "difference\" (a conservative test)."),
     ("state (pipeline)", "ok or unrecovered: the harness worked (exit 0); failed: harness failure (exit 1), a "
                          "crash or the time limit; invalid: the configuration was rejected (exit 2)."),
 ]
 
-AGGREGATION = ("Tables show the median over a cell group's runs (seeds and, where not broken out, checkpoint "
+AGGREGATION = ("Tables show the median over a cell group's runs (seeds, repeats and, where not broken out, checkpoint "
                "intervals) of runs in state ok; unrecovered runs count only for bit-exactness (they have none) and "
                "the inventory. Medians, not means, because a single slow start-up on a shared machine would "
                "otherwise move a mean of two or three runs.")

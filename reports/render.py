@@ -16,7 +16,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reports import methods, registry, tables
+from reports import methods, registry, stats, tables
 from reports.html import badge, esc, figure, fmt, page, png_bytes, section, table
 from resilience.record.fsio import atomic_write_bytes
 
@@ -93,24 +93,31 @@ def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
                        ("write_pct_of_disk", "% of disk limit"), ("step_time_s", "step time (s)"),
                        ("goodput_fault_free", "goodput, fault-free"), ("bit_exact", "bit-exact"), ("note", "")],
                text=["strategy", "bit_exact", "note"], ratios={m: f"{m}_vs_sync" for m in (
-                   "ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free")})
+                   "ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free")},
+               intervals=tables.STRATEGY_METRICS)
     t2 = table(faults, [("strategy", "strategy"), ("fault", "fault"), ("cells", "cells"), ("runs", "finished"),
                         ("recovered", "recovered"),
                         ("recovery_time_s", "recovery time (s)"), ("lost_steps", "lost steps"),
                         ("detection_latency_s", "detection latency (s)"), ("goodput", "goodput"),
                         ("bit_exact", "bit-exact"), ("note", "")],
                text=["strategy", "fault", "bit_exact", "note"], ratios={m: f"{m}_vs_sync" for m in (
-                   "recovery_time_s", "lost_steps", "goodput")})
+                   "recovery_time_s", "lost_steps", "goodput")}, intervals=tables.FAULT_METRICS)
     if faults.empty:
         t2 = "<p class=\"note\">No cell of this matrix injects a fault.</p>"
     body = (f"<h3>Per strategy</h3>{t1}<p class=\"caption\">Checkpoint cost per strategy (medians over its ok runs; "
             f"{esc(disk_note)}; cells: asked for by the matrix; a strategy without an ok cell keeps its row, \"not "
-            f"measured\" and why). Look at the stall first: it is paid at every checkpoint. Bit-exact: every run's "
+            f"measured\" and why). {esc(INTERVAL_RULE)} Look at the stall first: it is paid at every checkpoint. Bit-exact: every run's "
             f"final state equals the fault-free reference's, bit for bit. Data: headline_strategies.csv.</p>"
             f"<h3>Per strategy and fault</h3>{t2}<p class=\"caption\">Recovery per injected fault (medians over ok "
-            f"runs; recovered counts all runs). Look at recovery time and lost steps against sync, and at any "
+            f"runs; recovered counts all runs; n and intervals as above). Look at recovery time and lost steps against sync, and at any "
             f"\"no\" in bit-exact: a recovery that changed the training result. Data: headline_faults.csv.</p>")
     return section("headline", "Headline", body)
+
+
+INTERVAL_RULE = (f"Under each median: n, the runs it is the median of, and its 95% interval (exact, from order "
+                 f"statistics; with fewer than {stats.MIN_N} runs there is none and the runs' range is shown). "
+                 f"Under a ratio to sync: its 95% interval; a strategy is called lower or higher than sync only "
+                 f"where the two medians' intervals do not overlap, otherwise \"{stats.NO_DIFFERENCE}\" (Methods).")
 
 
 def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, Any], out: Path) -> str:

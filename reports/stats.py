@@ -65,12 +65,33 @@ class Median:
     exact: bool
 
     def text(self) -> str:
-        """"n=7, 95% CI 0.08-0.11", "n=3, range 0.08-0.11 (n too small for an interval)", or "n=0"."""
-        if self.median is None:
-            return "n=0"
-        if self.exact:
-            return f"n={self.n}, 95% CI {self.low:.3g}-{self.high:.3g}"
-        return f"n={self.n}, range {self.low:.3g}-{self.high:.3g} ({NO_INTERVAL})"
+        """"n=7, 95% CI 0.08-0.11", "n=3, range 0.08-0.11 (n too small for an interval)", "n=1 (...)" or "n=0"."""
+        return interval_text(self.n, self.low, self.high, self.exact)
+
+
+def interval_text(n: int, low: float | None, high: float | None, exact: bool) -> str:
+    """A median's n and interval as the report prints it under the figure (see :meth:`Median.text`)."""
+    if not n or low is None or high is None:
+        return f"n={n or 0}"
+    if exact:
+        return f"n={n}, 95% CI {low:.3g}-{high:.3g}"
+    if n == 1:
+        return f"n=1 ({NO_INTERVAL})"
+    return f"n={n}, range {low:.3g}-{high:.3g} ({NO_INTERVAL})"
+
+
+def ratio_text(ratio: float, low: float | None, high: float | None, verdict: str | None) -> str:
+    """"x0.06 vs sync (95% CI 0.04-0.09)" where the medians differ; "x0.93 vs sync: no measurable difference"
+    where their intervals overlap; the reason where there is no interval."""
+    head = f"x{ratio:.2f} vs sync"
+    if verdict == NO_DIFFERENCE:
+        return f"{head}: {NO_DIFFERENCE}"
+    differs = verdict in ("lower", "higher")
+    if low is not None and high is not None:
+        return f"{head} (95% CI {low:.2g}-{high:.2g})" + ("" if differs or not verdict else f" ({verdict})")
+    if differs:
+        return f"{head} ({verdict}; its ratio's interval needs n >= {MIN_N_RATIO} on both sides)"
+    return f"{head} ({verdict or NO_INTERVAL})"
 
 
 def median_interval(values: Iterable[float], level: float = LEVEL) -> Median:

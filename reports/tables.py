@@ -1,8 +1,11 @@
 """The report's tables as DataFrames (also written as CSV): headline per strategy and per fault, inventory, environment.
 
-Every number is a median over runs in state ``ok`` (see ``reports.methods.AGGREGATION``); ``*_vs_sync`` columns
-divide by the ``sync`` strategy's value in the same column (and fault); empty for sync itself and when there is no
-sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
+Every number is a median over runs in state ``ok`` (see ``reports.methods.AGGREGATION``), with ``<m>_n`` (the runs it
+is the median of), ``<m>_low`` / ``<m>_high`` (its 95% interval, or the runs' range where ``<m>_exact`` is False:
+too few runs for an interval; ``reports.stats``); ``*_vs_sync`` columns divide by the ``sync`` strategy's value in
+the same column (and fault), with ``*_vs_sync_low`` / ``_high`` (the ratio's 95% interval) and ``*_vs_sync_verdict``
+("lower" / "higher" only where the intervals separate, else "no measurable difference" or why there is no interval);
+empty for sync itself and when there is no sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
 ``note`` says "not measured" and why (not run, failed, error).
 """
 
@@ -13,12 +16,18 @@ from typing import Any
 
 import pandas as pd
 
+from reports import stats
+
 BASELINE = "sync"
 # What python -m resilience.bench.probe measures; listed as "not probed" when unknown.
 LIMIT_KEYS = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s")
 NOT_RUN = "not run"
 # Why a row without an ok cell has no figures, by the states of its cells (invalid: the configuration was refused).
 REASONS = {NOT_RUN: "not run", "failed": "failed", "invalid": "error", "unrecovered": "unrecovered"}
+# The headline tables' medians, each with its n and interval.
+STRATEGY_METRICS = ("ckpt_stall_s", "ckpt_durable_s", "ckpt_MB", "write_MBps", "write_pct_of_disk", "step_time_s",
+                    "goodput_fault_free")
+FAULT_METRICS = ("recovery_time_s", "lost_steps", "detection_latency_s", "goodput")
 
 
 def col(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -73,24 +82,49 @@ def not_measured(rows: pd.DataFrame) -> str:
     return f"not measured ({' / '.join(dict.fromkeys(REASONS.get(s, str(s)) for s in states)) or NOT_RUN})"
 
 
-def _median(values: pd.Series) -> float | None:
-    values = values.dropna()
-    return float(values.median()) if len(values) else None
+INTERVAL_PARTS = ("n", "low", "high", "exact")
 
 
-def _with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
-    """Add ``<metric>_vs_sync`` for each metric: the row's value over the sync row with the same ``keys``."""
-    base = table[table["strategy"] == BASELINE].set_index(keys) if keys else table[table["strategy"] == BASELINE]
+def interval_columns(metrics: list[str]) -> list[str]:
+    """The columns that carry each metric's n and interval (``reports.stats``)."""
+    return [f"{m}_{part}" for m in metrics for part in INTERVAL_PARTS]
+
+
+def _medians(samples: dict[str, pd.Series]) -> dict[str, Any]:
+    """Each sample's median, its n and its 95% interval (or range), as the table's columns."""
+    out: dict[str, Any] = {}
+    for name, values in samples.items():
+        est = stats.median_interval(values)
+        out.update({name: est.median, f"{name}_n": est.n, f"{name}_low": est.low, f"{name}_high": est.high,
+                    f"{name}_exact": est.exact})
+    return out
+
+
+def _with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str],
+                 samples: list[dict[str, pd.Series]] | None = None) -> pd.DataFrame:
+    """Add ``<metric>_vs_sync`` for each metric: the row's value over the sync row with the same ``keys``; with
+    ``samples`` (each row's runs per metric, in the table's order), also the ratio's interval and the verdict."""
+    is_base = table["strategy"] == BASELINE
     for m in metrics:
-        ratios = []
-        for _, row in table.iterrows():
-            try:
-                ref = base.loc[tuple(row[k] for k in keys), m] if keys else base.iloc[0][m]
-            except (KeyError, IndexError):
-                ref = None
-            usable = row["strategy"] != BASELINE and pd.notna(row[m]) and ref is not None and pd.notna(ref) and ref
+        ratios, lows, highs, verdicts = [], [], [], []
+        for i, row in table.iterrows():
+            same = is_base.copy()
+            for k in keys:
+                same &= table[k] == row[k]
+            j = same[same].index[0] if same.any() else None
+            ref = table.at[j, m] if j is not None else None
+            both = row["strategy"] != BASELINE and pd.notna(row[m]) and ref is not None and pd.notna(ref)
+            usable = both and ref
             ratios.append(row[m] / ref if usable else None)  # the baseline's own ratio (1) is left empty
+            ends = stats.ratio_interval(samples[i][m], samples[j][m]) if usable and samples else None
+            lows.append(ends[0] if ends else None)
+            highs.append(ends[1] if ends else None)
+            verdicts.append(stats.difference(stats.median_interval(samples[i][m]), stats.median_interval(
+                samples[j][m])) if both and samples else None)
         table[f"{m}_vs_sync"] = ratios
+        if samples is not None:
+            table[f"{m}_vs_sync_low"], table[f"{m}_vs_sync_high"] = lows, highs
+            table[f"{m}_vs_sync_verdict"] = verdicts
     return table
 
 
@@ -124,50 +158,47 @@ def probe_note(limits: dict[str, Any], frame: pd.DataFrame) -> str:
 def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataFrame:
     """One row per strategy: checkpoint costs, write bandwidth (and its share of the disk), goodput, bit-exactness."""
     ok, disk = timed_runs(frame), disk_limit(limits, frame)
-    rows = []
+    rows, kept = [], []
     for strategy in order(frame, "cell.strategy"):
         mine, mine_ok = frame[frame["cell.strategy"] == strategy], ok[ok["cell.strategy"] == strategy]
         saved = mine_ok[col(mine_ok, "ckpt_count") > 0]
-        bandwidth = _median(col(saved, "ckpt_bytes") / col(saved, "ckpt_durable_s") / 1e6)
+        bandwidth = col(saved, "ckpt_bytes") / col(saved, "ckpt_durable_s") / 1e6
         fault_free = mine_ok[mine_ok["cell.fault"] == "none"]
-        rows.append({
-            "strategy": strategy, "cells": len(mine), "runs": len(finished(mine)), "runs_ok": len(mine_ok),
-            "ckpt_stall_s": _median(col(saved, "ckpt_stall_s")),
-            "ckpt_durable_s": _median(col(saved, "ckpt_durable_s")),
-            "ckpt_MB": _median(col(saved, "ckpt_bytes") / 1e6), "write_MBps": bandwidth,
-            "write_pct_of_disk": 100 * bandwidth / disk if bandwidth is not None and disk else None,
-            "step_time_s": _median(col(mine_ok, "step_time_s")),
-            "goodput_fault_free": _median(col(fault_free, "goodput")),
-            "bit_exact": bit_exact(mine), "note": not_measured(mine),
-        })
-    table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", "ckpt_stall_s", "ckpt_durable_s",
-                                        "ckpt_MB", "write_MBps", "write_pct_of_disk", "step_time_s",
-                                        "goodput_fault_free", "bit_exact", "note"])
-    return _with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"])
+        samples = {"ckpt_stall_s": col(saved, "ckpt_stall_s"), "ckpt_durable_s": col(saved, "ckpt_durable_s"),
+                   "ckpt_MB": col(saved, "ckpt_bytes") / 1e6, "write_MBps": bandwidth,
+                   "write_pct_of_disk": 100 * bandwidth / disk if disk else pd.Series(dtype=float),
+                   "step_time_s": col(mine_ok, "step_time_s"), "goodput_fault_free": col(fault_free, "goodput")}
+        kept.append(samples)
+        rows.append({"strategy": strategy, "cells": len(mine), "runs": len(finished(mine)), "runs_ok": len(mine_ok),
+                     **_medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine)})
+    metrics = list(STRATEGY_METRICS)
+    table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", *metrics, "bit_exact", "note",
+                                        *interval_columns(metrics)])
+    return _with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"], kept)
 
 
 def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (strategy, fault): recovery time, lost steps, detection latency, goodput, bit-exactness."""
     ok = timed_runs(frame)
-    rows = []
+    rows, kept = [], []
     for fault in [f for f in order(frame, "cell.fault_label") if f != "none"]:
         for strategy in order(frame, "cell.strategy"):
             mine = frame[(frame["cell.strategy"] == strategy) & (frame["cell.fault_label"] == fault)]
             if mine.empty:
                 continue
             mine_ok = ok.loc[ok.index.intersection(mine.index)]
+            samples = {"recovery_time_s": col(mine_ok, "recovery_time_s"), "lost_steps": col(mine_ok, "lost_steps"),
+                       "detection_latency_s": col(mine, "detection_latency_s"), "goodput": col(mine_ok, "goodput")}
+            kept.append(samples)
             rows.append({
                 "strategy": strategy, "fault": fault, "cells": len(mine), "runs": len(finished(mine)),
                 "recovered": int((mine.get("recovered", pd.Series(dtype=object)) == True).sum()),  # noqa: E712
-                "recovery_time_s": _median(col(mine_ok, "recovery_time_s")),
-                "lost_steps": _median(col(mine_ok, "lost_steps")),
-                "detection_latency_s": _median(col(mine, "detection_latency_s")),
-                "goodput": _median(col(mine_ok, "goodput")),
-                "bit_exact": bit_exact(mine), "note": not_measured(mine),
+                **_medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine),
             })
-    table = pd.DataFrame(rows, columns=["strategy", "fault", "cells", "runs", "recovered", "recovery_time_s",
-                                        "lost_steps", "detection_latency_s", "goodput", "bit_exact", "note"])
-    return _with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"])
+    metrics = list(FAULT_METRICS)
+    table = pd.DataFrame(rows, columns=["strategy", "fault", "cells", "runs", "recovered", *metrics, "bit_exact",
+                                        "note", *interval_columns(metrics)])
+    return _with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"], kept)
 
 
 def false_alarms(frame: pd.DataFrame) -> tuple[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from reports import stats
@@ -30,6 +31,7 @@ def test_below_six_runs_there_is_no_95_percent_interval_only_the_range():
     assert (est.median, est.n, est.low, est.high, est.exact) == (2.0, 3, 1.0, 3.0, False)
     assert est.text() == "n=3, range 1-3 (n too small for an interval)"
     assert stats.median_interval([]).text() == "n=0"
+    assert stats.median_interval([4.0]).text() == "n=1 (n too small for an interval)"
     est = stats.median_interval(range(10, 0, -1))  # 1..10: ranks 2 and 9
     assert (est.median, est.low, est.high, est.exact) == (5.5, 2.0, 9.0, True)
     assert est.text() == "n=10, 95% CI 2-9"
@@ -71,3 +73,40 @@ def test_a_difference_is_called_only_when_the_intervals_separate():
     assert stats.difference(overlapping, sync) == stats.NO_DIFFERENCE == "no measurable difference"
     # medians 2 and 13, but 3 runs on one side: no interval, so no difference may be called
     assert stats.difference(stats.median_interval([1, 2, 3]), sync) == stats.NO_INTERVAL
+
+
+def _runs(strategy: str, stalls: list[float], fault: str = "none") -> list[dict]:
+    return [{"state": "ok", "cell.strategy": strategy, "cell.fault": fault.split(".")[0], "cell.fault_label": fault,
+             "ckpt_count": 3, "ckpt_stall_s": s, "ckpt_durable_s": s, "ckpt_bytes": 1e6, "step_time_s": 0.1,
+             "goodput": 0.5, "recovery_time_s": 10 * s, "lost_steps": 3, "matches_reference": True} for s in stalls]
+
+
+def test_headline_tables_carry_n_intervals_ratio_intervals_and_the_difference_rule():
+    from reports import html, tables
+
+    sync = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+    frame = pd.DataFrame(_runs("sync", sync) + _runs("async", [0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.11])
+                         + _runs("dcp_async", [0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]) + _runs("none", [0.5, 0.6, 0.7])
+                         + _runs("sync", sync, "kill") + _runs("async", sync[:6], "kill"))
+    strat = tables.headline_strategies(frame[frame["cell.fault"] == "none"], {"write_GBps": 1.0}).set_index(
+        "strategy")
+    a = strat.loc["async"]
+    assert (a["ckpt_stall_s"], a["ckpt_stall_s_n"], a["ckpt_stall_s_low"], a["ckpt_stall_s_high"]) == (0.08, 7, 0.05,
+                                                                                                       0.11)
+    assert a["ckpt_stall_s_exact"] and not strat.loc["none", "ckpt_stall_s_exact"]
+    assert a["ckpt_stall_s_vs_sync_verdict"] == "lower"
+    assert (a["ckpt_stall_s_vs_sync_low"], a["ckpt_stall_s_vs_sync_high"]) == pytest.approx((0.05 / 1.6, 0.11 / 1.0))
+    assert strat.loc["dcp_async", "ckpt_stall_s_vs_sync_verdict"] == stats.NO_DIFFERENCE
+    assert strat.loc["none", "ckpt_stall_s_vs_sync_verdict"] == stats.NO_INTERVAL
+    assert pd.isna(strat.loc["sync", "ckpt_stall_s_vs_sync_verdict"])
+    faults = tables.headline_faults(frame).set_index("strategy")
+    assert faults.loc["async", "recovery_time_s_n"] == 6  # 6 runs: a 95% interval, but none for the ratio (7)
+    assert faults.loc["async", "recovery_time_s_vs_sync_verdict"] == stats.NO_DIFFERENCE
+    assert pd.isna(faults.loc["async", "recovery_time_s_vs_sync_low"])
+
+    page = html.table(strat.reset_index(), [("strategy", "strategy"), ("ckpt_stall_s", "stall")], text=["strategy"],
+                      ratios={"ckpt_stall_s": "ckpt_stall_s_vs_sync"}, intervals=tables.STRATEGY_METRICS)
+    assert "n=7, 95% CI 0.05-0.11" in page and "x0.06 vs sync (95% CI 0.031-0.11)" in page
+    assert "x0.92 vs sync: no measurable difference" in page
+    assert "n=3, range 0.5-0.7 (n too small for an interval)" in page
+    assert "x0.46 vs sync (n too small for an interval)" in page
