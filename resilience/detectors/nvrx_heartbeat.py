@@ -62,10 +62,10 @@ class NvrxHeartbeat(Detector):
 
     def on_worker_failures(self, exit_codes: dict[int, int]) -> list[Detection]:
         found = []
-        for path in sorted((self.run_dir / VERDICTS).glob("*.json")) if self.run_dir else ():
-            if path.name in self._reported:
-                continue
-            verdict = json.loads(path.read_text())
+        files = [p for p in (self.run_dir / VERDICTS).glob("*.json") if p.name not in self._reported] \
+            if self.run_dir else []
+        for path, verdict in sorted(((p, json.loads(p.read_text())) for p in files), key=lambda pv: pv[1]["t_mono"]):
+            # in the order NVRx decided: its first kill is its blame
             if verdict["rank"] not in exit_codes:
                 continue  # decided, the rank not dead yet: reported with its exit
             self._reported.add(path.name)
