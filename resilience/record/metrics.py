@@ -7,26 +7,13 @@ monotonic clock, comparable across its processes).
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from resilience.record.query import first, median, pairs
+from resilience.record.replicas import replica_groups, replica_recovery
+
 SCHEMA_VERSION = 1
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _first(events: list[dict], kind: str, **match: Any) -> dict | None:
-    return next((e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())), None)
-
-
-def _pairs(rank0: list[dict], start: str, end: str) -> list[float]:
-    """Durations from each ``start`` event to the ``end`` event of the same (attempt, step)."""
-    begins = {(e["attempt"], e["step"]): e["t_mono"] for e in rank0 if e["kind"] == start}
-    return [e["t_mono"] - begins[(e["attempt"], e["step"])] for e in rank0
-            if e["kind"] == end and (e["attempt"], e["step"]) in begins]
 
 
 def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
@@ -35,8 +22,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     rank0 = [e for e in events if e["rank"] == 0]
     final_attempt = max((e["attempt"] for e in events if e["rank"] is not None), default=0)
     run_ends = [e for e in events if e["kind"] == "run_end" and e["attempt"] == final_attempt]
-    fault = _first(events, "fault_injected")
-    launch, end = _first(sup, "launch"), _first(sup, "supervisor_end")
+    fault = first(events, "fault_injected")
+    launch, end = first(sup, "launch"), first(sup, "supervisor_end")
     if launch is None and events:  # launched by torchrun: no supervisor events, the ranks' own span
         launch, end = events[0], {**events[-1], "outcome": "succeeded" if run_ends else "failed"}
 
@@ -54,16 +41,16 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "wall_time_s": end["t_mono"] - launch["t_mono"] if launch and end else None,
         **_fault_metrics(events, fault, status),
         **_checkpoint_metrics(rank0),
-        "step_time_s": _median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
+        "step_time_s": median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
     }
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
     result["ettr"] = _ettr(rank0)
     result.update(_peer(events))
-    result.update(_replica_groups(events, run["world_size"]))
-    result.update(_replica_recovery(events, run["world_size"]))  # our replica's, under the same names
+    result.update(replica_groups(events, run["world_size"]))
+    result.update(replica_recovery(events, run["world_size"]))  # our replica's, under the same names
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
-    result["validity"] = _validity(_first(sup, "host_load"))
-    memory = _first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
+    result["validity"] = _validity(first(sup, "host_load"))
+    memory = first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
     result["host_memory_peak_bytes"] = memory["peak_pss_bytes"] if memory else None
     hashes = {e["final_state_sha256"] for e in run_ends}
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
@@ -96,103 +83,13 @@ def _final_loss(events: list[dict]) -> float | None:
 
 def _peer(events: list[dict]) -> dict[str, Any]:
     """The checkpointing library a peer strategy ran (name, version, settings) and the workarounds applied to it."""
-    peer = _first(events, "peer_library")
+    peer = first(events, "peer_library")
     # Processes a library started in a rank that outlived it (the supervisor killed them at the end of the run).
     orphans = [cmd for e in events if e["kind"] == "orphans_killed" for cmd in e["processes"]]
     if peer is None:
         return {"peer": None, "peer_patches": [], "orphans_killed": orphans}
     return {"peer": {"library": peer["library"], "version": peer["version"], "settings": peer.get("settings", {})},
             "peer_patches": [p["name"] for p in peer["patches"]], "orphans_killed": orphans}
-
-
-def _replica_groups(events: list[dict], world_size: int) -> dict[str, Any]:
-    """Replica groups that train on at reduced width while a dead one is replaced (torchft): the survivors' view of
-    the fault (the quorum without it, their stall), the replacement's start and heal, the steps committed by fewer
-    than all groups, the final loss, and whether every replica held the same state after each change of the quorum
-    and at the end. A run with a step committed at reduced width is not bit-exact with the fault-free one by design
-    (its trajectory differs); without one (fault-free, or ``min_replicas`` = all) it is held to the bit-exact check."""
-    out: dict[str, Any] = {"bit_exact": None, "replicas_consistent": None, "reduced_width_steps": None,
-                           "quorum_detection_s": None, "survivors_stall_s": None, "replacement_start_s": None,
-                           "heal_s": None, "heal_transfer_s": None, "heal_bytes": None, "final_loss": None}
-    steps = [e for e in events if e["kind"] == "ft_step"]
-    if not steps:
-        return out
-    by_step: dict[int, set[str]] = {}
-    for e in events:
-        if e["kind"] == "ft_state":
-            by_step.setdefault(e["step"], set()).add(e["sha256"])
-    final = {e["rank"]: e["final_state_sha256"] for e in events if e["kind"] == "run_end"}  # each rank's last
-    reduced = {e["step"] for e in steps if e["committed"] and e["participants"] < world_size}
-    out.update(bit_exact="not by design" if reduced else None, reduced_width_steps=len(reduced),
-        replicas_consistent=all(len(h) == 1 for h in by_step.values()) and len(final) == world_size
-        and len(set(final.values())) == 1, final_loss=_final_loss(events))
-    fault = _first(events, "fault_injected")
-    if fault is None:
-        return out
-    t0, victim = fault["t_mono"], fault.get("target_rank", fault["rank"])
-    later = [e for e in events if e["t_mono"] >= t0]
-    shrunk = next((e for e in later if e["kind"] == "ft_quorum" and e["participants"] < e["previous"]), None)
-    stepped = next((e for e in later if e["kind"] == "ft_step" and e["committed"] and e["rank"] != victim), None)
-    heal = next((e for e in later if e["kind"] == "ft_heal"), None)
-    out.update(quorum_detection_s=shrunk["t_mono"] - t0 if shrunk else None,
-               survivors_stall_s=stepped["t_mono"] - t0 if stepped else None,
-               replacement_start_s=_replacement_start_s(later), **_heal(heal))
-    return out
-
-
-def _replacement_start_s(later: list[dict]) -> float | None:
-    """The supervisor's ``restart`` -> the replacement's ``run_start`` (interpreter, torch, model; a warm spare
-    only joins), among the events after the fault."""
-    restart = next((e for e in later if e["kind"] == "restart" and e["rank"] is None), None)
-    started = next((e for e in later if e["kind"] == "run_start" and restart and e["t_mono"] >= restart["t_mono"]),
-                   None)
-    return started["t_mono"] - restart["t_mono"] if started else None
-
-
-def _heal(heal: dict | None) -> dict[str, Any]:
-    """The replacement's heal (``ft_heal`` or ``replica_heal``): its whole call, the transfer alone, the bytes."""
-    return {"heal_s": heal["heal_s"] if heal else None, "heal_transfer_s": heal["transfer_s"] if heal else None,
-            "heal_bytes": heal["bytes"] if heal else None}
-
-
-def _replica_recovery(events: list[dict], world_size: int) -> dict[str, Any]:
-    """The measures of ``_replica_groups`` for our ``replica``, which emits none of torchft's events. The survivors
-    either wait for the replacement (``while_replacing=wait``: no reduced-width step; held to the bit-exact check)
-    or train on in a group of their own (``continue``: each ``step_end`` of a survivor between its
-    ``reduced_group`` and its ``rejoined`` is a reduced-width step; then ``bit_exact`` is "not by design").
-    ``quorum_detection_s``: the fault -> the survivors' group without the dead rank; ``survivors_stall_s``: the
-    fault -> a survivor's first step after it lost the peer; replicas are consistent when every rank ends with
-    the same state hash (a heal copies the whole state, so there is no state in between to compare)."""
-    modes = {e["while_replacing"] for e in events if e["kind"] == "replica_mode"}
-    if not modes:
-        return {}
-    reduced: set[int] = set()
-    for e in events:
-        if e["kind"] == "reduced_group":
-            healed = next((r["t_mono"] for r in events if r["kind"] == "rejoined" and r["rank"] == e["rank"]
-                           and r["t_mono"] > e["t_mono"]), float("inf"))
-            reduced |= {s["step"] for s in events if s["kind"] == "step_end" and s["rank"] == e["rank"]
-                        and e["t_mono"] < s["t_mono"] < healed}
-    final = {e["rank"]: e["final_state_sha256"] for e in events if e["kind"] == "run_end"}  # each rank's last
-    out: dict[str, Any] = {
-        "while_replacing": modes.pop(), "bit_exact": "not by design" if reduced else None,
-        "reduced_width_steps": len(reduced),
-        "replicas_consistent": len(final) == world_size and len(set(final.values())) == 1,
-        "quorum_detection_s": None, "survivors_stall_s": None, "replacement_start_s": None, **_heal(None)}
-    fault = _first(events, "fault_injected")
-    if fault is None:
-        return out
-    t0, victim = fault["t_mono"], fault.get("target_rank", fault["rank"])
-    later = [e for e in events if e["t_mono"] >= t0]
-    shrunk = next((e for e in later if e["kind"] == "reduced_group"), None)
-    lost = next((e for e in later if e["kind"] == "peer_lost" and e["rank"] != victim), None)
-    stepped = next((e for e in later if lost and e["kind"] == "step_end" and e["rank"] == lost["rank"]
-                    and e["t_mono"] > lost["t_mono"]), None)
-    out.update(quorum_detection_s=shrunk["t_mono"] - t0 if shrunk else None,
-               survivors_stall_s=stepped["t_mono"] - t0 if stepped else None,
-               replacement_start_s=_replacement_start_s(later),
-               **_heal(next((e for e in later if e["kind"] == "replica_heal"), None)))
-    return out
 
 
 def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> str:
@@ -275,11 +172,11 @@ def _recovery_trace(events: list[dict], fault: dict) -> _Trace | None:
     restart = next((e for e in events if e["kind"] == "restart" and e["rank"] is None and e["t_mono"] >= t0), None)
     who = min(restart["ranks"]) if restart and restart.get("ranks") else 0
     later = [e for e in events if e["rank"] == who and e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
-    start = _first(later, "run_start")
+    start = first(later, "run_start")
     if start is None:
         return None
-    return _Trace(restart, later, start, _first(later, "ckpt_loaded", attempt=start["attempt"]),
-                  _first(later, "resumed"))
+    return _Trace(restart, later, start, first(later, "ckpt_loaded", attempt=start["attempt"]),
+                  first(later, "resumed"))
 
 
 def _what_was_loaded(events: list[dict], fault: dict, trace: _Trace) -> dict[str, Any]:
@@ -332,9 +229,9 @@ def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
     durable = [e for e in rank0 if e["kind"] == "ckpt_durable"]
     return {
         "ckpt_count": len(durable),
-        "ckpt_stall_s": _median(_pairs(rank0, "ckpt_begin", "ckpt_stall_end")),
-        "ckpt_durable_s": _median(_pairs(rank0, "ckpt_begin", "ckpt_durable")),
-        "ckpt_bytes": _median([e["bytes"] for e in durable]),
+        "ckpt_stall_s": median(pairs(rank0, "ckpt_begin", "ckpt_stall_end")),
+        "ckpt_durable_s": median(pairs(rank0, "ckpt_begin", "ckpt_durable")),
+        "ckpt_bytes": median([e["bytes"] for e in durable]),
     }
 
 
