@@ -4,8 +4,16 @@ DDP reduces gradients in buckets, and rebuilds the buckets after the first itera
 restarted at step 10 therefore reduces step 10 with the initial layout, where the uninterrupted run had the
 rebuilt one. With more than two ranks a ring all-reduce adds each element's contributions in an order set by
 where the element falls in its bucket, so the sums differ in the last bits and the recovered run drifts away from
-the reference. This hook all-gathers every rank's bucket and adds them in rank order: the same bits for any
-layout. With two ranks a + b == b + a and DDP's own reduction is used.
+the reference. This hook adds every element's contributions in rank order instead: the same bits for any layout.
+With two ranks a + b == b + a and DDP's own reduction is used.
+
+How (a reduce-scatter in fixed rank order, then an all-gather of the reduced shards): the bucket is cut into
+``world`` equal shards (zero-padded); an all-to-all gives rank ``j`` every rank's copy of shard ``j``, which it adds
+in rank order (``part[0] + part[1] + ... + part[W-1]``, then divides by ``W``: per element exactly what an
+all-gather of whole buckets summed in rank order computes, so every result bit is the same as with that simpler
+hook); an all-gather then gives every rank every reduced shard. Each rank sends and receives ``2 (W-1)/W`` of the
+bucket, as a ring all-reduce does, where the all-gather of whole buckets cost ``(W-1)`` buckets
+(``python -m resilience.bench.reduction`` measures both).
 """
 
 from __future__ import annotations
@@ -20,7 +28,37 @@ ReduceHook = Callable[[Any, Any], torch.futures.Future]
 
 
 def ordered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
-    """DDP comm hook: mean of the ranks' buckets, summed in rank order."""
+    """DDP comm hook: mean of the ranks' buckets, each element summed in rank order (reduce-scatter, all-gather)."""
+    buf = bucket.buffer()
+    group = process_group if process_group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    n = buf.numel()
+    shard = -(-n // world)
+    flat = buf.reshape(-1)
+    padded = flat if shard * world == n else torch.cat([flat, flat.new_zeros(shard * world - n)])
+    parts = torch.empty_like(padded)
+    # Blocking on purpose: the all-gather below must be issued from this thread, in the same order on every rank;
+    # issuing it from the all-to-all's completion callback could interleave it with the next bucket's collectives.
+    # A failed all-to-all (a dead peer) raises here: never sum uninitialised buffers.
+    dist.all_to_all_single(parts, padded, group=group)
+    by_rank = parts.view(world, shard)
+    mine = by_rank[0].clone()
+    for part in by_rank[1:]:
+        mine += part
+    mine.div_(world)
+    total = torch.empty_like(padded)
+    work = dist.all_gather_single(total, mine, group=group, async_op=True)
+
+    def finish(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises a failed all-gather (a dead peer)
+        return total[:n].view_as(buf)
+
+    return work.get_future().then(finish)
+
+
+def gathered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
+    """The former reduction (all-gather whole buckets, sum in rank order): the reference the tests and the
+    benchmark compare ``ordered_sum_hook`` with, bit for bit and byte for byte."""
     buf = bucket.buffer()
     group = process_group if process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
@@ -28,7 +66,7 @@ def ordered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
     work = dist.all_gather(gathered, buf, group=group, async_op=True)
 
     def finish(done: torch.futures.Future) -> torch.Tensor:
-        done.value()  # re-raises a failed all-gather (a dead peer): never sum uninitialised buffers
+        done.value()
         total = gathered[0].clone()
         for part in gathered[1:]:
             total += part
