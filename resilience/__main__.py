@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from resilience.ckpt.lock import DirectoryInUse, DirectoryLock, holds_checkpoints
 from resilience.command_line import MULTIRUN, CommandLineError, compose_checked, jobs_of, only_prints
+from resilience.cli_help import HELP_FLAGS, help_text
 from resilience.config import CONF_DIR, ConfigError, check_group_choices, resolve
 from resilience.identity import new_run_id
+from resilience.quick_exit import exit_now
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
 from resilience.record.result import summarize, write_result
@@ -37,7 +41,8 @@ def _fail_config(exc: ConfigError) -> None:
     sys.exit(2)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+# An absolute path: relative to the calling file, the console script (in the venv's bin/) would find no conf/.
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
@@ -64,14 +69,33 @@ def main(cfg: DictConfig) -> None:
     outcome = supervisor.run()
     result = write_result(run_dir)
     lock.release()  # held until here: the directory was this run's while anything could write to it
+    drop_checkpoints(cfg, multirun=hc.mode == RunMode.MULTIRUN)
     if outcome == "interrupted":  # Ctrl-C or SIGTERM: one line, the exit status of a process the signal ended
         print(f"interrupted by {supervisor.interrupted_by}: ranks stopped; what was measured so far is in "
               f"{run_dir / 'result.json'}", file=sys.stderr, flush=True)
-        sys.exit(128 + signal.Signals[supervisor.interrupted_by].value)
+        leave(128 + signal.Signals[supervisor.interrupted_by].value, hc.mode)
     print(summarize(result), flush=True)
     if result["status"] == "error":
         say(f"harness failure: see {run_dir / 'logs'} and {run_dir / 'supervisor.log'}")
-        sys.exit(1)
+        leave(1, hc.mode)
+    leave(0, hc.mode)
+
+
+def leave(code: int, mode: RunMode) -> None:
+    """End the command once result.json is durable: a single run skips the interpreter's teardown (seconds after
+    torch on a busy host: ``resilience.quick_exit``); a sweep's job returns to Hydra, which runs the next one."""
+    if mode == RunMode.RUN:
+        exit_now(code)
+    if code:
+        sys.exit(code)
+
+
+def drop_checkpoints(cfg: DictConfig, multirun: bool) -> None:
+    """A sweep's jobs remove their checkpoints like pipeline cells (``checkpoint.keep_after_run``): the results
+    come from the event log, and a sweep's checkpoints fill disks."""
+    keep = cfg.checkpoint.keep_after_run
+    if keep is False or (keep == "auto" and multirun):
+        shutil.rmtree(cfg.checkpoint.dir, ignore_errors=True)
 
 
 def check_places(cfg: DictConfig, run_dir: Path) -> None:
@@ -139,6 +163,9 @@ def torchrun_command(cfg: DictConfig, config_path: Path, recovery_budget: int) -
 
 
 def cli() -> None:
+    if any(a in HELP_FLAGS for a in sys.argv[1:]):
+        print(help_text(CONF_DIR))
+        return
     try:
         check_group_choices(sys.argv[1:])
         precheck(sys.argv[1:])

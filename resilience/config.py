@@ -126,6 +126,18 @@ def _resolved(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"{key}={shown}: {reason}" if key else reason) from None
 
 
+def _auto_fault_step(cfg: DictConfig) -> int:
+    """``fault.at_step=auto``: three steps after the second checkpoint (13 with every=5: work is lost, and an
+    older checkpoint exists), or the middle of a run too short for that; at a checkpoint step when the fault
+    strikes during one. A shorter ``steps=`` on the command line then needs no matching ``fault.at_step=``."""
+    steps, every = _integer(cfg, "steps", 1), _integer(cfg, "checkpoint.every", 1)
+    if cfg.fault.get("phase") == "during_checkpoint":
+        candidates = (2 * every, every)
+    else:
+        candidates = (2 * every + 3, steps // 2)
+    return next((step for step in candidates if 0 < step < steps), 0)
+
+
 def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
     cfg = _resolved(cfg)
     _integer(cfg, "seed", 0)
@@ -139,6 +151,12 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     for key in ("validity.max_other_cpu", "validity.max_steal", "validity.max_memory_pressure"):
         require_number(key, OmegaConf.select(cfg, key), at_least=0)
     _integer(cfg, "supervisor.spares", 0)
+    if OmegaConf.select(cfg, "fault.at_step") == "auto":
+        with open_dict(cfg):
+            cfg.fault.at_step = _auto_fault_step(cfg)
+    keep = OmegaConf.select(cfg, "checkpoint.keep_after_run")
+    if keep not in ("auto", True, False):
+        raise ConfigError(f"checkpoint.keep_after_run={keep}: allowed: auto, true, false")
     device = _choice(cfg, "device", ("auto", "cpu", "cuda"))
     backend = _choice(cfg, "backend", ("auto", "gloo", "nccl"))
     if device == "auto":
