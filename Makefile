@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine; each creates or refreshes the project's virtual environment.
-#   make run    the main job: the default benchmark matrix and its report (results/report/index.html)
+#   make run    the main job: the default benchmark matrix and its report (results/default/report/index.html)
 #   make test   the test suite (what CI runs, through .ci/run)
 #   make demo   one killed rank recovered and checked bit for bit (half a minute)
 PYTHON ?= python3
@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,peers]'
 	touch $(STAMP)
 
+# make run MATRIX=smoke: another conf/matrix/<name>.yaml (results in results/<name>/)
+MATRIX ?= default
+
 run: $(STAMP)
-	$(VENV)/bin/snakemake --cores $(CORES)
-	@echo "report: results/report/index.html"
+	$(VENV)/bin/snakemake --cores $(CORES) --config matrix=$(MATRIX)
 
 demo: $(STAMP)
 	$(PY) -m resilience.bench.demo

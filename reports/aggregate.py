@@ -1,12 +1,13 @@
 """``python -m reports.aggregate MATRIX SUMMARY_CSV DONE_JSON...``: one row per cell, in the matrix's order.
 
 A row holds the cell's name and parameters (``cell.*``), how its job ended (``state``, ``exit_code``, ``error``,
-``error_detail``, ``elapsed_s``, ``run_dir``, and ``probe``: the limits snapshot it ran under), every field of its
+``error_detail``, ``elapsed_s``, ``run_dir``, ``host`` and ``started``: where and when (UTC, ISO 8601) the job ran,
+and ``probe``: the limits snapshot it ran under), every field of its
 ``result.json`` flattened with dotted names (``recovery_breakdown_s.load``; absent for cells without a result), and
 ``matches_reference``: whether its final state equals, bit for bit, that of the fault-free reference run of its
 (workload, world_size, steps, seed) — empty when either run has no final state. A cell of the matrix without a
 done.json keeps its row, in state ``not run`` (so that counts are of what the matrix asked for). SUMMARY_CSV is
-written atomically; a Parquet copy beside it when pyarrow is installed.
+written atomically, and a Parquet copy beside it (SUMMARY_CSV with the suffix .parquet).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -22,7 +24,7 @@ import pandas as pd
 from reports.matrix import Cell, Matrix, MatrixError, load_matrix
 from resilience.record.fsio import atomic_write_bytes
 
-JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s", "probe")
+JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s", "host", "started", "probe")
 NOT_RUN = "not run"  # the state of a matrix cell that has no done.json
 
 
@@ -57,7 +59,10 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
             continue
         path = by_cell[cell.name]
         done = json.loads(path.read_text())
-        row: dict[str, Any] = {**_cell_fields(cell), **{k: done.get(k) for k in JOB_FIELDS},
+        job = {k: done.get(k) for k in JOB_FIELDS}
+        if isinstance(job["started"], (int, float)):  # done.json: seconds since the epoch
+            job["started"] = datetime.fromtimestamp(job["started"], timezone.utc).isoformat(timespec="seconds")
+        row: dict[str, Any] = {**_cell_fields(cell), **job,
                                "run_dir": str(path.parent),
                                "command": " ".join(["python -m resilience", *done.get("overrides", [])])}
         result_path = path.parent / "result.json"
@@ -96,15 +101,10 @@ def with_matrix_cells(frame: pd.DataFrame, matrix: Matrix) -> pd.DataFrame:
 
 
 def write(frame: pd.DataFrame, csv_path: Path) -> list[Path]:
-    """Write the CSV (and a Parquet copy if pyarrow is importable) atomically; returns the paths written."""
+    """Write the CSV and its Parquet copy (pyarrow, a project dependency) atomically; returns the paths written."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
     written = [csv_path]
-    try:
-        import pyarrow  # noqa: F401  (optional dependency)
-    except ImportError:
-        print("pyarrow is not installed: no summary.parquet", flush=True)
-        return written
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
     parquet = csv_path.with_suffix(".parquet")

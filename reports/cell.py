@@ -35,10 +35,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
+
 from resilience import child
-from resilience.record.fsio import atomic_write_json
+from resilience.record.fsio import atomic_write_bytes, atomic_write_json
 
 TAIL_LINES = 12
+PARAMS_FILE = "params.yaml"  # the cell's full name, overrides and parameters, in its run directory
 NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "See https://hydra.cc")  # Hydra's footer, not the cause
 
 
@@ -53,6 +56,10 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
     """Run the cell (``command`` replaces ``python -m resilience`` in tests); write and return its done record."""
     run_dir = done_path.parent.resolve()
     clear_run_dir(run_dir)
+    # The directory's name is short (reports.matrix.Cell.dir); what the cell is, in full, is written beside its run.
+    atomic_write_bytes(run_dir / PARAMS_FILE, yaml.safe_dump(
+        {"cell": spec["cell"], "overrides": spec["overrides"], "params": spec.get("params", {})},
+        sort_keys=False).encode())
     cmd = list(command or child.experiment_command(spec["overrides"], run_dir))
     print(f"[cell] {spec['cell']}\n[cell] $ {' '.join(cmd)}", flush=True)
     started = time.time()
@@ -80,8 +87,19 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
     if not keep_checkpoints and (run_dir / "ckpt").is_dir():
         shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
     atomic_write_json(done_path, record)
-    print(f"[cell] {record['state']}" + (f": {record['error']}" if record["error"] else ""), flush=True)
+    print(state_line(run_dir.name, record), flush=True)  # the log's last line; the run rule echoes it
     return record
+
+
+def shown_state(record: dict[str, Any]) -> str:
+    """The state a reader sees: ``noisy`` for an ok cell measured on a busy host, otherwise done.json's state."""
+    return "noisy" if record.get("state") == "ok" and record.get("validity") == "noisy" else str(record.get("state"))
+
+
+def state_line(name: str, record: dict[str, Any]) -> str:
+    """One line per finished cell: ``[cell] sync-kill-fd2e563d: ok (14 s)``, with the error of a failed one."""
+    why = f": {record['error']}" if record.get("error") else ""
+    return f"[cell] {name}: {shown_state(record)} ({record.get('elapsed_s', 0):.0f} s){why}"
 
 
 def measured_validity(run_dir: Path) -> str | None:

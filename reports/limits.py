@@ -4,7 +4,8 @@ Limits (disk write/read and memory copy bandwidth, the cost of starting a rank) 
 ``python -m resilience.bench.probe --dir <LIMITS_JSON's folder> --out LIMITS_JSON --refresh``: measured now, for
 this results directory, never reused from elsewhere; ``snapshot`` names the folder. When it fails, LIMITS_JSON is
 ``{"probed": false, "reason": ...}`` and the report says "not probed". The environment (CPU, GPU, memory, library
-versions) is read here, on the machine that runs the cells.
+versions, ``torch.utils.collect_env``: resilience/record/environment.py) is read here, on the machine that runs the
+cells.
 
 The pipeline keeps one snapshot folder per run that measures cells, ``<results>/probe/<UTC time>/``
 (:func:`snapshot_dir`); each cell's ``done.json`` names the snapshot it ran under (``probe``).
@@ -12,17 +13,14 @@ The pipeline keeps one snapshot folder per run that measures cells, ``<results>/
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
-import platform
-import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from resilience import child
+from resilience.record.environment import capture as environment  # torch.utils.collect_env and the benchmark's needs
 from resilience.record.fsio import atomic_write_json
 
 PROBE_MODULE = "resilience.bench.probe"
@@ -59,53 +57,6 @@ def probe_limits(out: Path) -> dict[str, Any]:
     limits["snapshot"] = out.parent.name
     atomic_write_json(out, limits)
     return limits
-
-
-def environment() -> dict[str, Any]:
-    """Where the numbers come from: host, CPU, memory, GPU, and the versions that shape performance."""
-    env: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_model": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_GiB": _memory_gib(),
-    }
-    for package in ("torch", "hydra-core", "snakemake", "pandas", "seaborn"):
-        try:
-            env[f"{package}_version"] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            env[f"{package}_version"] = None
-    try:
-        import torch
-
-        env["gpu_count"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        env["gpu_model"] = torch.cuda.get_device_name(0) if env["gpu_count"] else None
-        env["cuda_version"] = torch.version.cuda
-    except Exception as exc:  # the environment is informative; it must not fail the pipeline
-        env["gpu_error"] = f"{type(exc).__name__}: {exc}"
-    return env
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _memory_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ reruns) the existing ones. Every bad entry raises :class:`MatrixError` with one 
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import tempfile
@@ -61,9 +62,18 @@ class Cell:
     def world_size(self) -> int:
         return int(self.values["world_size"])
 
+    @property
+    def dir(self) -> str:
+        """The cell's run directory (and log) name: strategy, fault and a stable 8-digit hash of the full name,
+        e.g. ``sync-kill-1f0c2a9e``. Full names grow with every axis (169 characters in the full matrix, past the
+        255-byte file-name limit with a long detector list); the full parameters are in the run's params.yaml."""
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:8]
+        return f"{self.values['strategy']}-{self.values['fault'].name}-{digest}"
+
     def job_spec(self) -> str:
         """What the run rule needs, as JSON: stable for a given name, so that it never triggers a rerun by itself."""
-        return json.dumps({"cell": self.name, "overrides": list(self.overrides)}, sort_keys=True)
+        params = {k.removeprefix("cell."): v for k, v in self.columns().items()}
+        return json.dumps({"cell": self.name, "overrides": list(self.overrides), "params": params}, sort_keys=True)
 
     def columns(self) -> dict[str, Any]:
         """The cell's parameters as flat ``cell.*`` columns of the summary table."""
@@ -87,6 +97,13 @@ class Matrix:
     @property
     def by_name(self) -> dict[str, Cell]:
         return {c.name: c for c in self.cells}
+
+    def at(self, directory: str) -> Cell:
+        """The cell whose run directory is named ``directory`` (:attr:`Cell.dir`)."""
+        found = next((c for c in self.cells if c.dir == directory), None)
+        if found is None:
+            raise MatrixError(f"run directory {directory}: no cell of matrix {self.name} has it")
+        return found
 
     def cell(self, name: str) -> Cell:
         try:
@@ -192,6 +209,10 @@ def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = C
         if c.name in seen:
             raise MatrixError(f"{where}: cell {c.name}: two cells share this name; give fault entries distinct labels")
         seen[c.name] = c
+    dirs = [c.dir for c in cells]
+    clash = next((d for d in dirs if dirs.count(d) > 1), None)
+    if clash is not None:  # two full names whose 8-digit hashes agree: one in 2**32 per pair
+        raise MatrixError(f"{where}: run directory {clash}: two cells share it; rename one with a fault label")
     return Matrix(name, source, str(spec.get("description", "")).strip(), cells, runtime)
 
 
@@ -237,5 +258,5 @@ if __name__ == "__main__":
     except MatrixError as exc:
         sys.exit(f"error: {exc}")
     for c in m.cells:
-        print(("* " if c.is_reference else "  ") + c.name)
-    print(f"{len(m.cells)} cells in matrix {m.name} (* = reference run)")
+        print(("* " if c.is_reference else "  ") + f"{c.dir:<32} {c.name}")
+    print(f"{len(m.cells)} cells in matrix {m.name} (* = reference run; run directory, then the full name)")

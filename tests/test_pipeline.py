@@ -12,6 +12,7 @@ import time
 
 import pandas as pd
 import pytest
+import yaml
 
 from conftest import ROOT, processes_mentioning, run_module
 from reports.cell import run_cell
@@ -74,7 +75,7 @@ FAKE = textwrap.dedent("""
     import json, os, sys, time
     run_dir, mode = sys.argv[1], sys.argv[2]
     if mode == "ok":
-        assert os.listdir(run_dir) == [], os.listdir(run_dir)  # the stale run was cleared
+        assert os.listdir(run_dir) == ["params.yaml"], os.listdir(run_dir)  # the stale run was cleared
         print("[rank 0 attempt 0] step 1/1", flush=True)
         open(os.path.join(run_dir, "result.json"), "w").write(json.dumps({"status": "ok"}))
     elif mode == "invalid":
@@ -101,10 +102,11 @@ def test_run_rule_records_every_outcome_and_leaves_no_process(tmp_path, mode, st
     run_dir = tmp_path / "runs" / "cell-a"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "events.jsonl").write_text("{}\n")  # a stale, interrupted run
-    record = run_cell(run_dir / "done.json", {"cell": "cell-a", "overrides": ["seed=0"]}, timeout_s=2,
-                      command=[sys.executable, "-c", FAKE, str(run_dir), mode])
+    spec = {"cell": "gpt_tiny-sync-none-seed0", "overrides": ["seed=0"], "params": {"strategy": "sync", "seed": 0}}
+    record = run_cell(run_dir / "done.json", spec, timeout_s=2, command=[sys.executable, "-c", FAKE, str(run_dir), mode])
     assert record["state"] == state and record["error"] == error
     assert json.loads((run_dir / "done.json").read_text()) == record
+    assert yaml.safe_load((run_dir / "params.yaml").read_text()) == spec  # the short directory's cell, in full
     if mode == "failed":
         assert "rank 1 lost its store connection" in record["error_detail"]
     assert processes_mentioning(str(run_dir)) == []

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import os
+import platform
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from resilience.record import environment
 from resilience.record.events import read_events
 from resilience.record.fsio import atomic_write_json
 from resilience.record.metrics import compute_result
@@ -32,11 +38,61 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def provenance(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where, when and with what code the run was measured.
+
+    Start time and host come from the run's first event (the supervisor's ``launch``), so they are the run's own
+    on a recomputation too; the commit and versions are those of the process that wrote the result first (kept
+    from an existing result.json: a recomputation with newer code does not claim the run used it)."""
+    first = next((e for e in events if e.get("kind") == "launch"), events[0] if events else {})
+    started = first.get("t_wall")
+    out: dict[str, Any] = {
+        "started": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds") if started else None,
+        "host": first.get("host"),
+    }
+    kept = _previous(run_dir).get("provenance") or {}
+    if kept.get("git_commit"):
+        return {**kept, **out}
+    return {**out, **environment.git_commit(), "torch": _torch_version(), "python": platform.python_version(),
+            "environment": _environment_file(run_dir)}
+
+
+def _previous(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _torch_version() -> str | None:
+    torch = sys.modules.get("torch")  # the supervisor may not import torch; its metadata says the same
+    if torch is not None:
+        return str(torch.__version__)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _environment_file(run_dir: Path) -> str:
+    """environment.json's path relative to the run directory: the pipeline's (``RB_ENVIRONMENT``), else the run's
+    own, captured now (torch.utils.collect_env: about half a second)."""
+    shared = os.environ.get(environment.ENV_VAR)
+    if shared:
+        return os.path.relpath(Path(shared).resolve(), run_dir.resolve())
+    own = run_dir / environment.ENVIRONMENT_FILE
+    if not own.exists():
+        environment.write(own)
+    return environment.ENVIRONMENT_FILE
+
+
 def write_result(run_dir: str | Path) -> dict[str, Any]:
     """Compute the run's result from its events and write it atomically to ``result.json``."""
     run_dir = Path(run_dir)
     # From the run directory alone: the machine's limits are the pipeline's (its probe rule), not the run's.
-    result = compute_result(read_events(run_dir), run_identity(run_dir))
+    events = read_events(run_dir)
+    result = compute_result(events, run_identity(run_dir))
+    result["provenance"] = provenance(run_dir, events)
     atomic_write_json(run_dir / RESULT_FILE, result)
     return result
 
@@ -66,6 +122,10 @@ def summarize(r: dict[str, Any]) -> str:
                  f"durable {_fmt(r['ckpt_durable_s'], ' s')}; step {_fmt(r['step_time_s'], ' s')}; "
                  f"wall {_fmt(r['wall_time_s'], ' s')}; goodput {_fmt(r['goodput'])}")
     lines.append(f"  final_state_sha256 {r['final_state_sha256']}")
+    p = r.get("provenance") or {}
+    if p:
+        lines.append(f"  started {p['started']} on {p['host']}; commit {p['git_commit']}"
+                     + (" (modified)" if p.get("git_dirty") else "") + f"; torch {p['torch']}, Python {p['python']}")
     validity = r.get("validity") or {}
     if validity.get("verdict") == "noisy":  # timings above are not the technique's alone
         lines.append(f"  NOISY measurement: {'; '.join(validity['reasons'])} (thresholds: validity.*)")

@@ -1,0 +1,87 @@
+"""What the Snakefile does around its jobs: the table of cell states at the end, and stopping cells on a signal.
+
+Snakemake's local executor leaves running jobs alone when the snakemake process alone is signalled (a wrapper, a
+scheduler, ``kill PID``): SIGTERM lets them finish ("Will exit after finishing currently running jobs") and SIGINT
+waits for them. A benchmark cell can run for many minutes, so :func:`stop_jobs_on_signal` first passes the signal to
+the jobs' commands (``python -m reports.*``): a cell stops its supervisor, ranks and shared memory and exits
+without ``done.json`` (reports/cell.py), so it runs again next time. Then Snakemake's own handling goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import psutil  # a dependency of Snakemake
+
+from reports.cell import shown_state
+
+# The order of the table; "noisy" is an ok cell measured on a busy host.
+STATES = ("ok", "noisy", "unrecovered", "failed", "invalid", "not run")
+FAILED = ("failed", "invalid")
+
+
+def cell_states(run_dirs: Iterable[Path]) -> dict[str, str]:
+    """Each run directory's shown state (reports.cell.shown_state), ``not run`` without a done.json."""
+    states = {}
+    for run_dir in run_dirs:
+        done = run_dir / "done.json"
+        states[run_dir.name] = shown_state(json.loads(done.read_text())) if done.exists() else "not run"
+    return states
+
+
+def state_table(states: dict[str, str]) -> str:
+    """The console's closing table: one line per state that occurs, then the failed cells by name."""
+    counts = Counter(states.values())
+    width = max(len(s) for s in STATES)
+    lines = ["cell states:"] + [f"  {s:<{width}}  {counts[s]:>4}" for s in STATES if counts[s]]
+    lines.append(f"  {'total':<{width}}  {len(states):>4}")
+    failed = [name for name, s in states.items() if s in FAILED]
+    if failed:
+        lines.append("failed or invalid (done.json and the log name the reason): " + ", ".join(failed))
+    return "\n".join(lines)
+
+
+def failed_count(states: dict[str, str]) -> int:
+    return sum(s in FAILED for s in states.values())
+
+
+def job_commands() -> list[psutil.Process]:
+    """This process's descendants that run a rule's command (``python -m reports...``), not the shells around them."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            args = proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "-m" in args[:-1] and args[args.index("-m") + 1].startswith("reports"):
+            found.append(proc)
+    return found
+
+
+def stop_jobs_on_signal() -> None:
+    """On SIGTERM or SIGINT, pass SIGTERM to the running jobs' commands, then call the handler installed before
+    (Snakemake's: stop scheduling, mark outputs incomplete). Called from ``onstart``, after Snakemake's scheduler
+    has installed its own SIGTERM handler."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:  # started to ignore it (nohup, a background job): keep ignoring it
+            continue
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            if signum == signal.SIGTERM and callable(previous):
+                previous(signum, frame)  # first: no new job starts once the running ones are told to stop
+            for proc in job_commands():
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+            if signum == signal.SIGINT and callable(previous):
+                previous(signum, frame)  # Python's default: KeyboardInterrupt, which Snakemake handles
+            elif not callable(previous):
+                raise KeyboardInterrupt
+
+        signal.signal(sig, handler)
