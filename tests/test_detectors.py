@@ -169,3 +169,46 @@ def test_heartbeat_ignores_ranks_that_finished_training():
 
     hb = Heartbeat(heartbeat_s=1.0)
     assert hb.on_poll([(30, FINISHED, 10.0, 0.02), (30, FINISHED, 10.0, 0.02)], 100.0) == []
+
+
+def _replicas(tmp_path, steps: int = 3):
+    """Two replicas of a small sparse model (an embedding table with sparse gradients, a dense layer, Adagrad)
+    trained alike, each with a fingerprint detector attached; the second detector saw the last step's touched rows."""
+    from resilience.detectors.replica_fingerprint import ReplicaFingerprint
+    from resilience.state import TrainState
+
+    out = []
+    for r in range(2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(1000, 16, sparse=True), torch.nn.Linear(16, 1))
+        state = TrainState(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+        det = ReplicaFingerprint(every=1, slice_share=0.5, slice_min_mb=0.004)  # 4 kB slices of ~128 kB
+        det.attach(rt(tmp_path, rank=r), state)
+        for step in range(steps):
+            ids = torch.tensor([[1, 5, 7], [5, 9, 2]]) + step
+            model(ids).sum().backward()
+            det.on_backward(step, 0.0, None)
+            state.optimizer.step()
+            state.optimizer.zero_grad(set_to_none=True)
+        out.append((model, state, det))
+    return out
+
+
+def test_fingerprint_reads_the_touched_rows_now_and_every_byte_within_its_coverage(tmp_path):
+    (m0, _, d0), (m1, _, d1) = _replicas(tmp_path)
+    # the table, its Adagrad sums and the dense layer's (16 + 1 floats), 4000 bytes per check
+    assert d0.coverage_checks() == math.ceil((2 * 1000 * 16 + 17) * 4 / 4000) == 33
+    position = 3
+    assert torch.equal(d0.fingerprint(position), d1.fingerprint(position))
+    # A flip in a row the last step touched (row 11 = 9 + 2): found by the first number at once.
+    _, (m1, _, d1) = _replicas(tmp_path)
+    _, _, d0 = _replicas(tmp_path)[0]
+    m1[0].weight.data.view(torch.int32)[11, 3] ^= 1 << 27
+    a, b = d0.fingerprint(position), d1.fingerprint(position)
+    assert a[0] != b[0]
+    # A flip in a row no step touched: the changed part agrees, and the rotating slice finds it within coverage.
+    (m0, _, d0), (m1, _, d1) = _replicas(tmp_path)
+    m1[0].weight.data.view(torch.int32)[700, 3] ^= 1 << 27
+    found = [p for p in range(position, position + d0.coverage_checks())
+             if not torch.equal(d0.fingerprint(p), d1.fingerprint(p))]
+    assert len(found) == 1 and d0.fingerprint(found[0])[0] == d1.fingerprint(found[0])[0]
