@@ -18,6 +18,7 @@ from resilience.record.events import EventLog, read_events
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState, state_sha256
 from resilience.strategies.sync import SyncCheckpoint
+from test_inmemory import attached, one_rank, trained_state  # noqa: F401 - a fixture: one gloo rank, no peers
 
 
 def fake_checkpoint(dirs: CheckpointDir, step: int, commit: bool) -> None:
@@ -136,3 +137,43 @@ def test_a_locked_checkpoint_dir_is_refused_naming_its_owner(tmp_path):
     finally:
         lock.release()
     DirectoryLock(ckpt).acquire({"run_id": "me"})  # released: free again (a SIGKILLed owner releases it too)
+
+
+# ---- the load: one verified read --------------------------------------------------------------------------------
+def sync_on(run_dir, attempt: int) -> SyncCheckpoint:
+    return attached(SyncCheckpoint(every=1, keep=3), run_dir, attempt)
+
+
+@pytest.mark.timeout(60)
+def test_load_verifies_as_it_reads_and_never_half_loads_a_corrupt_checkpoint(one_rank):
+    run_dir = one_rank
+    saver = sync_on(run_dir, 0)
+    state = trained_state(2)
+    saver.save(2, 10, state)
+    at_2 = state_sha256(state.state_dict())
+    state = trained_state(3)
+    saver.save(3, 10, state)
+    saver.rt.events.close()
+    newest = saver.dirs.path_for(3)
+    shards = sorted(newest.glob("*.distcp"))
+    assert len(shards) >= 2  # each rank writes its share as several files at once
+    raw = bytearray(shards[-1].read_bytes())  # the last file DCP would read: the others would load first
+    raw[len(raw) // 2] ^= 0x10
+    shards[-1].write_bytes(bytes(raw))
+
+    fresh = trained_state(0)
+    loader = sync_on(run_dir, 1)
+    assert loader.load(fresh) == 2 and state_sha256(fresh.state_dict()) == at_2
+    loader.rt.events.close()
+    (rejected,) = [e for e in read_events(run_dir) if e["kind"] == "ckpt_rejected"]
+    assert rejected["step"] == 3 and f"checksum mismatch in {shards[-1].name}" in rejected["reason"]
+
+    for shard in saver.dirs.path_for(2).glob("*.distcp"):  # now no checkpoint is good: nothing may be loaded
+        shard.write_bytes(shard.read_bytes()[:-1])
+    untouched = trained_state(1)
+    before = state_sha256(untouched.state_dict())
+    again = sync_on(run_dir, 2)
+    assert again.load(untouched) == 0 and state_sha256(untouched.state_dict()) == before
+    again.rt.events.close()
+    reasons = [e["reason"] for e in read_events(run_dir) if e["kind"] == "ckpt_rejected" and e["attempt"] == 2]
+    assert len(reasons) == 2 and any("bytes, the commit record says" in r for r in reasons)

@@ -126,11 +126,15 @@ def trained_state(steps: int) -> TrainState:
     return state
 
 
-def strategy_on(run_dir: Path, attempt: int, **kw) -> InMemoryCheckpoint:
-    strategy = InMemoryCheckpoint(every=1, keep=2, **kw)
+def attached(strategy, run_dir: Path, attempt: int):
+    """``strategy`` attached to rank 0 of a world of one, in ``attempt``."""
     strategy.attach(RankRuntime(rank=0, world_size=1, device=torch.device("cpu"), run_dir=run_dir,
                                 ckpt_dir=run_dir / "ckpt", events=EventLog(run_dir, 0, attempt)))
     return strategy
+
+
+def strategy_on(run_dir: Path, attempt: int, **kw) -> InMemoryCheckpoint:
+    return attached(InMemoryCheckpoint(every=1, keep=2, **kw), run_dir, attempt)
 
 
 @pytest.mark.timeout(60)

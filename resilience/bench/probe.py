@@ -87,11 +87,7 @@ def measure_disk(ckpt_dir: Path, size_mb: int, samples: int = 3) -> dict[str, An
     for sample in range(samples):
         fd, name = tempfile.mkstemp(prefix=".probe-", dir=ckpt_dir)
         try:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                os.write(fd, chunk)
-            os.fsync(fd)
-            writes.append(n * CHUNK / (time.perf_counter() - t0))
+            writes.append(_write_fsync(fd, chunk, n))
             if sample == samples - 1:
                 read, cold = _read_cold(fd, n * CHUNK)
         finally:
@@ -99,6 +95,38 @@ def measure_disk(ckpt_dir: Path, size_mb: int, samples: int = 3) -> dict[str, An
             os.unlink(name)
     return {"write_GBps": statistics.median(writes) / 1e9, "write_samples_GBps": [w / 1e9 for w in writes],
             "read_GBps": read / 1e9, "read_cold": cold, "probe_bytes": n * CHUNK}
+
+
+def _write_fsync(fd: int, chunk: bytes, n: int) -> float:
+    """B/s of writing ``chunk`` ``n`` times to ``fd`` and fsyncing it."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        os.write(fd, chunk)
+    os.fsync(fd)
+    return n * len(chunk) / (time.perf_counter() - t0)
+
+
+def write_sample(ckpt_dir: Path, size_mb: int, streams: int = 1) -> float:
+    """One fsync'd write sample in GB/s: ``size_mb`` MiB in all, split over ``streams`` new files written at
+    once by as many threads (a disk behind a queue may take more from several streams than from one), timed
+    until every file is durable. For a benchmark that interleaves probe samples with what it measures."""
+    import threading
+
+    chunk = os.urandom(CHUNK)
+    n = max(1, (size_mb << 20) // CHUNK // streams)
+    names = [tempfile.mkstemp(prefix=".probe-", dir=ckpt_dir) for _ in range(streams)]
+    threads = [threading.Thread(target=_write_fsync, args=(fd, chunk, n)) for fd, _ in names]
+    try:
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return streams * n * CHUNK / (time.perf_counter() - t0) / 1e9
+    finally:
+        for fd, name in names:
+            os.close(fd)
+            os.unlink(name)
 
 
 def _read_cold(fd: int, nbytes: int) -> tuple[float, bool]:

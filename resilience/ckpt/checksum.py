@@ -1,8 +1,12 @@
 """Per-file CRC32 checksums of a checkpoint, computed as the bytes are written (no second read).
 
 Each rank's writer records the checksums of the files it wrote in a sidecar ``.crc-rank<r>.json`` before its
-write phase ends; rank 0 folds the sidecars (and the checksum of DCP's metadata) into ``COMMIT.json``. The
-``ckpt_integrity`` detector recomputes them at load time.
+write phase ends; rank 0 folds the sidecars (and the checksum of DCP's metadata) into ``COMMIT.json``. A load
+verifies them as it reads (``verified_read``), in the same pass over the bytes that feeds the load.
+
+The CRC of a large write runs in a helper thread *while* the write itself runs (``zlib.crc32`` and the write
+both release the GIL), so the checksum costs the save no time of its own where a core is free: the profile of a
+``dlrm_emb`` save had the CRC32 run serially after each write, ~6-14% of the save.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,27 +22,42 @@ from typing import Any, Iterator
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 SIDECAR_GLOB = ".crc-rank*.json"
+PARALLEL_MIN = 1 << 20  # a smaller write is summed in line: handing it to a thread costs more than the CRC
 
 
 class _SummingStream:
-    def __init__(self, raw: Any) -> None:
-        self._raw, self.crc = raw, 0
+    """A write stream that keeps the running CRC32 of everything written, summing large writes beside them.
+
+    The sum of a write is joined before ``write`` returns: the caller's buffer is valid only during the call,
+    and the chain of CRCs stays in write order."""
+
+    def __init__(self, raw: Any, helper: ThreadPoolExecutor | None) -> None:
+        self._raw, self._helper, self.crc = raw, helper, 0
 
     def write(self, data: Any) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        return self._raw.write(data)
+        view = memoryview(data)
+        if self._helper is None or view.nbytes < PARALLEL_MIN:
+            self.crc = zlib.crc32(view, self.crc)
+            return self._raw.write(data)
+        summing = self._helper.submit(zlib.crc32, view, self.crc)
+        try:
+            return self._raw.write(data)
+        finally:
+            self.crc = summing.result()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 
 
 class ChecksumFileSystem(FileSystem):
-    """A DCP file-system layer over ``inner`` that checksums every file written through it."""
+    """A DCP file-system layer over ``inner`` that checksums every file written through it (streams may be
+    written from several threads at once: DCP's ``thread_count``)."""
 
-    def __init__(self, inner: Any = None) -> None:
+    def __init__(self, inner: Any = None, parallel: bool = True) -> None:
         super().__init__()
-        self._inner = inner or FileSystem()
+        self._inner, self._parallel = inner or FileSystem(), parallel
         self.checksums: dict[str, int] = {}
+        self._helper: ThreadPoolExecutor | None = None
 
     @contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
@@ -45,11 +65,16 @@ class ChecksumFileSystem(FileSystem):
             if "w" not in mode:
                 yield raw
                 return
-            stream = _SummingStream(raw)
+            if self._helper is None and self._parallel:
+                self._helper = ThreadPoolExecutor(max_workers=4, thread_name_prefix="crc32")
+            stream = _SummingStream(raw, self._helper)
             yield stream
-            self.checksums[Path(path).name] = stream.crc
+            self.checksums[Path(path).name] = stream.crc  # one key per stream: safe across writer threads
 
     def write_sidecar(self, directory: Path, rank: int) -> None:
+        if self._helper is not None:
+            self._helper.shutdown()
+            self._helper = None
         path = Path(directory) / f".crc-rank{rank}.json"
         with open(path, "w") as f:
             json.dump(self.checksums, f)

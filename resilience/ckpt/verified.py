@@ -1,0 +1,95 @@
+"""A checkpoint read once: every file into memory with its CRC32 checked on the way, then decoded from there.
+
+Before, rank 0 read the whole checkpoint to check its CRC32s and then DCP read it again from the files. Now every
+rank reads each file of the commit record once, sequentially, into a buffer, summing its CRC32 in a helper thread
+while the next block is read (``zlib.crc32`` and the read both release the GIL); the ranks agree that every file
+passed before DCP touches a tensor, and DCP then decodes from the buffers (``MemoryFiles``). A corrupt file thus
+never leaves half a checkpoint in the live state. The cost is transient memory: the bytes one rank loads (a
+replicated state: the whole checkpoint), held until the load ends.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+BLOCK = 8 << 20
+
+
+class CorruptFile(OSError):
+    """A file of a committed checkpoint is missing, cut short, longer than recorded, or fails its CRC32."""
+
+
+def read_verified(fs: Any, path: Path, size: int, crc: int) -> memoryview:
+    """The ``size`` bytes of ``path`` read through ``fs`` (a DCP file system: a disk fault's layer, or plain), or
+    ``CorruptFile`` saying why not. ``crc``: the CRC32 the commit record holds for the file."""
+    buf = memoryview(bytearray(size))
+    running = [0]
+
+    def add(block: memoryview) -> None:  # one worker: the blocks are summed in order
+        running[0] = zlib.crc32(block, running[0])
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="crc32") as helper, fs.create_stream(path, "rb") as f:
+        done, pending = 0, None
+        while done < size:
+            n = f.readinto(buf[done:done + BLOCK])
+            if not n:
+                raise CorruptFile(f"{path.name} has {done} bytes, the commit record says {size}")
+            pending = helper.submit(add, buf[done:done + n])
+            done += n
+        if f.read(1):
+            raise CorruptFile(f"{path.name} is longer than the {size} bytes the commit record says")
+        if pending is not None:
+            pending.result()
+    if running[0] != crc:
+        raise CorruptFile(f"checksum mismatch in {path.name}")
+    return buf
+
+
+class _MemoryFile(io.RawIOBase):
+    """A read-only, seekable file over a buffer: ``readinto`` copies once, into the caller's memory."""
+
+    def __init__(self, buf: memoryview) -> None:
+        super().__init__()
+        self._buf, self._pos = buf, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), len(self._buf) - self._pos))
+        out[:n] = self._buf[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf)}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class MemoryFiles(FileSystem):
+    """DCP's file system for reading a checkpoint whose files are already in memory (name relative to ``root``)."""
+
+    def __init__(self, root: Path, buffers: dict[str, memoryview]) -> None:
+        super().__init__()
+        self._root, self._buffers = Path(root), buffers
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        if "r" not in mode or "+" in mode:
+            raise OSError(f"{path}: a verified checkpoint in memory is read-only")
+        yield _MemoryFile(self._buffers[Path(path).relative_to(self._root).as_posix()])
