@@ -177,3 +177,23 @@ def test_load_verifies_as_it_reads_and_never_half_loads_a_corrupt_checkpoint(one
     again.rt.events.close()
     reasons = [e["reason"] for e in read_events(run_dir) if e["kind"] == "ckpt_rejected" and e["attempt"] == 2]
     assert len(reasons) == 2 and any("bytes, the commit record says" in r for r in reasons)
+
+
+@pytest.mark.timeout(60)
+def test_async_reserves_its_buffers_before_the_first_checkpoint_without_stepping_the_optimizer(one_rank):
+    from resilience.strategies.async_ckpt import AsyncCheckpoint
+
+    run_dir = one_rank
+    state = trained_state(0)  # Adam before its first step: no optimizer state yet
+    strategy = attached(AsyncCheckpoint(every=1, keep=2), run_dir, 0)
+    assert strategy.load(state) == 0
+    assert not state.optimizer.state  # the layout came from a copy: the real optimizer was not stepped
+    state = trained_state(1)  # the state after one step (a fresh object: the buffers depend on the layout only)
+    strategy.save(1, 10, state)
+    strategy.wait()
+    strategy.close()
+    strategy.rt.events.close()
+    events = read_events(run_dir)
+    (reserved,) = [e for e in events if e["kind"] == "snapshot_reserved"]
+    (stall,) = [e for e in events if e["kind"] == "ckpt_stall_end"]
+    assert reserved["bytes"] == stall["snapshot_bytes"] > 0 and stall["allocated_bytes"] == 0

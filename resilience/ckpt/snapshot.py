@@ -15,6 +15,7 @@ import copy
 from typing import Any
 
 import torch
+from torch import nn
 
 _OMIT = object()  # marks a tensor that another rank writes
 
@@ -55,6 +56,30 @@ def assign_shares(sizes: dict[str, int], world_size: int) -> dict[str, int]:
     return owner
 
 
+def layout_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The state dict ``TrainState.state_dict`` will return once the optimizer has stepped, as tensors on the meta
+    device (dtype and shape, no memory), without touching the real optimizer.
+
+    An optimizer that creates its state at its first step (Adam) has none before it, and DCP's ``get_state_dict``
+    fills it by a zero-learning-rate step, which would advance the real step count. So the step is taken on a copy
+    whose parameters, buffers and existing state are meta tensors: the same code path, the same keys and shapes.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    inner = getattr(model, "module", model)  # a DDP wrapper holds a process group: copy what it wraps
+    memo: dict[int, Any] = {}
+    for t in (*inner.parameters(), *inner.buffers()):
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    for state in optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                memo[id(v)] = torch.empty_like(v, device="meta")
+    shadow_model, shadow_optim = copy.deepcopy((inner, optimizer), memo)
+    model_sd, optim_sd = get_state_dict(shadow_model, shadow_optim)
+    return {"model": model_sd, "optim": optim_sd}
+
+
 class HostSnapshot:
     """Reusable host buffers for this rank's share of a state dict.
 
@@ -68,6 +93,7 @@ class HostSnapshot:
         self.rank, self.world_size = rank, world_size
         self._buffers: dict[str, torch.Tensor] = {}
         self._layout: dict[str, tuple] = {}
+        self.allocated = 0  # bytes the last ``capture`` had to allocate (0: reserved beforehand)
 
     @property
     def nbytes(self) -> int:
@@ -75,7 +101,8 @@ class HostSnapshot:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
     def reserve(self, sd: dict[str, Any]) -> int:
-        """Allocate (and touch) the buffers for ``sd``'s layout now, outside any stall; return bytes held."""
+        """Allocate (and touch) the buffers for ``sd``'s layout now, outside any stall; return bytes held. ``sd``
+        may hold meta tensors (``layout_state_dict``): only dtypes and shapes are read."""
         tensors = flat_tensors(sd)
         layout = {k: (t.dtype, tuple(t.shape)) for k, (t, _) in tensors.items()}
         if layout == self._layout:
@@ -93,7 +120,9 @@ class HostSnapshot:
 
     def capture(self, sd: dict[str, Any]) -> dict[str, Any]:
         """Copy this rank's share of ``sd`` into the buffers; return the snapshot state dict (see class doc)."""
+        before = self._layout
         self.reserve(sd)  # a no-op unless the layout changed
+        self.allocated = self.nbytes if self._layout is not before else 0
         snap = self._copy(sd, "")
         if any(b.is_pinned() for b in self._buffers.values()):
             torch.cuda.synchronize()  # non-blocking device-to-host copies must land before anyone reads them

@@ -31,7 +31,7 @@ from resilience.checks import require_number
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.ckpt.commit import CheckpointDir
-from resilience.ckpt.snapshot import HostSnapshot
+from resilience.ckpt.snapshot import HostSnapshot, layout_state_dict
 from resilience.strategies.sync import HookedWriter, SyncCheckpoint
 
 WHEN_BUSY = ("wait", "skip")
@@ -165,17 +165,21 @@ class AsyncCheckpoint(BackgroundCheckpoint):
         self.snapshot = HostSnapshot(rt.rank, rt.world_size)
 
     def load(self, state: TrainState) -> int:
-        """Load as ``sync`` does, then allocate the snapshot buffers, so that no checkpoint pays for that."""
+        """Load as ``sync`` does, then allocate the snapshot buffers, so that no checkpoint pays for that. An
+        optimizer without state yet (Adam before its first step) is not stepped: its layout comes from a copy on
+        the meta device (``layout_state_dict``)."""
         step = super().load(state)
-        if state.optimizer.state:  # state_dict() on an uninitialised optimizer would step it (see TrainState)
-            t0 = time.monotonic()
-            nbytes = self.snapshot.reserve(state.state_dict())
-            self.rt.events.emit("snapshot_reserved", bytes=nbytes, duration_s=time.monotonic() - t0)
+        t0 = time.monotonic()
+        layout = (state.state_dict() if state.optimizer.state  # state_dict() would step a fresh one (TrainState)
+                  else layout_state_dict(state.model, state.optimizer))
+        nbytes = self.snapshot.reserve(layout)
+        self.rt.events.emit("snapshot_reserved", bytes=nbytes, duration_s=time.monotonic() - t0)
         return step
 
     def _start(self, step: int, state: TrainState) -> Future:
         snap = self.snapshot.capture(state.state_dict())
-        self.rt.events.emit("ckpt_stall_end", step=step, snapshot_bytes=self.snapshot.nbytes)
+        self.rt.events.emit("ckpt_stall_end", step=step, snapshot_bytes=self.snapshot.nbytes,
+                            allocated_bytes=self.snapshot.allocated)
         done: Future = Future()
         work = lambda: write_checkpoint(self.rt, self.dirs, step, snap, self.keep, self.group)  # noqa: E731
         threading.Thread(target=self._run_persist, args=(step, done, work), name=f"persist-{step}",
