@@ -264,11 +264,12 @@ def test_cli_end_to_end_writes_outputs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "job MTBF          3.09 h at 16,384 GPUs" in proc.stdout
     assert "Young" in proc.stdout and "Daly" in proc.stdout and "Monte Carlo:" in proc.stdout
-    csvs = ["summary", "failure_mix", "interval_sweep", "cluster_sweep", "winner_grid", "cluster_monte_carlo"]
+    csvs = ["summary", "calibration", "failure_mix", "interval_sweep", "cluster_sweep", "winner_grid",
+            "cluster_monte_carlo"]
     for name in csvs:
         frame = pd.read_csv(out / f"projection_{name}.csv")
         assert len(frame) and (frame["label"] == "projection").all()
-    for name in ["goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap"]:
+    for name in ["goodput_vs_interval", "goodput_vs_cluster", "winner_heatmap", "failure_band"]:
         assert (out / f"projection_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left behind
     summary = pd.read_csv(out / "projection_summary.csv")
@@ -285,7 +286,7 @@ def test_run_with_measured_csv(tmp_path: Path) -> None:
                    "sweep.ckpt_sizes_TB=[1,10]")
     result = run(cfg, tmp_path / "out")
     assert f"fitted from {measured}" in result.summary
-    assert all(p.exists() for p in result.files) and len(result.files) == 8
+    assert all(p.exists() for p in result.files) and len(result.files) == 10
 
 
 # --- a strategy without checkpoints (replica) ----------------------------------------------------------------

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from resilience.command_line import CommandLineError, compose_checked
 from resilience.projection import plots, sweeps
+from resilience.projection.calibration import FailureBand, read_figures, select
 from resilience.projection.measured import fit_strategies, read_measured
 from resilience.projection.outputs import write_csv, write_png
 from resilience.projection.report import format_summary
@@ -42,6 +43,7 @@ def load(cfg: Mapping[str, Any], cwd: Path) -> tuple[Settings, Scenario, str | N
     settings = build_settings(cfg)
     dirs = search_dirs(CONF_DIR, cwd)
     scn = build_scenario(cfg.get("scenario"), dirs)
+    failure_band(settings, cwd)  # checked here, so that a bad figure fails before anything runs
     measured = None
     if settings.measured_csv:
         path = resolve_path(settings.measured_csv, "measured_csv", dirs)
@@ -52,6 +54,13 @@ def load(cfg: Mapping[str, Any], cwd: Path) -> tuple[Settings, Scenario, str | N
         scn = scn.with_strategies(fit_strategies(frame, scn.strategies))
         measured = str(path)
     return settings, scn, measured
+
+
+def failure_band(settings: Settings, cwd: Path) -> FailureBand:
+    """The band the published figures of ``failure_band.figures_csv`` span (those in ``failure_band.use``)."""
+    path = resolve_path(settings.band_figures_csv, "failure_band.figures_csv", search_dirs(CONF_DIR, cwd))
+    figures = read_figures(path, "failure_band.figures_csv")
+    return FailureBand.of(select(figures, settings.band_use, "failure_band.use"))
 
 
 def monte_carlo(scn: Scenario, settings: Settings) -> tuple[dict[str, SimulationResult], float]:
@@ -88,18 +97,22 @@ def run(cfg: Mapping[str, Any], default_out_dir: Path | None = None, cwd: Path |
 
     Outputs go to ``cfg["output_dir"]`` if set, else to ``default_out_dir`` (the CLI passes the Hydra run dir).
     """
-    settings, scn, measured = load(cfg, Path.cwd() if cwd is None else cwd)
+    cwd = Path.cwd() if cwd is None else cwd
+    settings, scn, measured = load(cfg, cwd)
+    band = failure_band(settings, cwd)
     if settings.output_dir is None and default_out_dir is None:
         raise ConfigError("output_dir=None: must be a path when not run through Hydra")
     out_dir = Path(settings.output_dir) if settings.output_dir else Path(default_out_dir)
     mc, mc_seconds = monte_carlo(scn, settings)
-    summary = sweeps.strategy_summary(scn, mc)
+    summary = sweeps.strategy_summary(scn, mc, band)
+    calibration = band.table(scn.failure.per_gpu_mttf_h, scn.name)
     tables = {
         "projection_summary.csv": summary,
+        "projection_calibration.csv": calibration,
         "projection_failure_mix.csv": sweeps.failure_mix(scn),
         "projection_interval_sweep.csv": sweeps.interval_sweep(scn, settings.interval_points),
-        "projection_cluster_sweep.csv": sweeps.cluster_sweep(scn, settings.cluster_sizes),
-        "projection_winner_grid.csv": sweeps.winner_grid(scn, settings.cluster_sizes, settings.ckpt_sizes_TB),
+        "projection_cluster_sweep.csv": sweeps.cluster_sweep(scn, settings.cluster_sizes, band),
+        "projection_winner_grid.csv": sweeps.winner_grid(scn, settings.cluster_sizes, settings.ckpt_sizes_TB, band),
     }
     # Markers at the ends and the middle of the size range are enough to show the closed form holds (or not).
     marker_sizes = tuple(sorted({settings.cluster_sizes[0], scn.gpus, settings.cluster_sizes[-1]}))
@@ -117,12 +130,15 @@ def run(cfg: Mapping[str, Any], default_out_dir: Path | None = None, cwd: Path |
             plots.goodput_vs_cluster(tables["projection_cluster_sweep.csv"], where, cluster_mc),
         "projection_winner_heatmap.png":
             plots.winner_heatmap(tables["projection_winner_grid.csv"], f"{scn.name} failure and cost model"),
+        "projection_failure_band.png":
+            plots.failure_band(calibration, band.low_h, band.high_h, f"{scn.name}; band {band.low_h:,.0f}-"
+                               f"{band.high_h:,.0f} GPU-hours per failure"),
     }
     for name, fig in figures.items():
         files.append(write_png(fig, out_dir / name))
         plots.close(fig)
     text = format_summary(scn, summary, settings.example_stalls_s, mc_seconds, settings.trials, str(out_dir),
-                          measured)
+                          measured, band, calibration)
     return ProjectionRun(text, files)
 
 

@@ -11,7 +11,6 @@ any of its GPUs (or the node, switch or software around it) fails, so failure ra
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-from resilience.projection.validation import ConfigError, as_choice, as_float, fail
+from resilience.projection.validation import ConfigError, as_choice, as_float, fail, read_csv_rows
 
 #: Recovery kinds, in the order used for arrays of per-kind values.
 #: restart: the job is relaunched on the same nodes and loads the last durable checkpoint.
@@ -50,13 +49,7 @@ class FailureTable:
     def from_csv(cls, path: str | Path, field: str) -> "FailureTable":
         """Read a CSV with columns ``component``, ``category``, ``count``; ``field`` names the config entry."""
         path = Path(path)
-        try:
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(row for row in f if not row.lstrip().startswith("#")))
-        except OSError as err:
-            fail(field, path, f"cannot be read ({err.strerror})")
-        if not rows:
-            fail(field, path, "must be a CSV with a header and at least one row")
+        rows = read_csv_rows(path, field)
         for column in ("component", "category", "count"):
             if column not in rows[0]:
                 fail(field, path, f"must have a column '{column}' (columns: component, category, count)")

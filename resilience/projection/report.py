@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from resilience.projection.calibration import FailureBand, decimals
 from resilience.projection.goodput import goodput
 from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
 from resilience.projection.scenario import Scenario
@@ -35,9 +36,24 @@ def _interval(seconds: float) -> str:
     return f"{seconds:,.0f} s ({seconds / 60:.1f} min)"
 
 
+def calibration_lines(band: FailureBand, calibration: pd.DataFrame, gpus: int) -> list[str]:
+    """The published figures, what each implies per GPU, and the model's reproduction at the scenario's rate."""
+    lines = ["", f"Failure band: per-GPU MTTF {band.low_h:,.0f} to {band.high_h:,.0f} GPU-hours (job MTBF "
+                 f"{_duration(band.low_h / gpus * 3600)} to {_duration(band.high_h / gpus * 3600)} at {gpus:,} GPUs), "
+                 f"from {len(calibration)} published figures",
+             f"  {'figure':<24} {'GPUs':>8} {'published':<36} {'per-GPU MTTF':>12} {'model':>9} {'error':>7}  source"]
+    for row in calibration.itertuples():
+        lines.append(f"  {row.figure:<24} {row.gpus:>8,} {row.published:<36} {row.implied_per_gpu_mttf_h:>12,.0f} "
+                     f"{row.model_value:>9.3g} {row.relative_error:>+7.0%}  {row.source}")
+    lines.append("  (model: the failure model at the scenario's per-GPU MTTF; error: model / published - 1)")
+    return lines
+
+
 def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple[float, ...], mc_seconds: float,
-                   trials: int, outputs: str, measured: str | None) -> str:
-    """Summary of a projection run; ``summary`` is :func:`resilience.projection.sweeps.strategy_summary`'s table."""
+                   trials: int, outputs: str, measured: str | None, band: FailureBand | None = None,
+                   calibration: pd.DataFrame | None = None) -> str:
+    """Summary of a projection run; ``summary`` is :func:`resilience.projection.sweeps.strategy_summary`'s table.
+    Goodput is printed to the precision the failure band supports, with the band beside it."""
     f = scn.failure
     mtbf = scn.mtbf_s
     mix = ", ".join(f"{kind} {share:.1%}" for kind, share in
@@ -54,6 +70,8 @@ def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple
         f"  inter-failure     {f.distribution}{shape}",
         f"  recovery mix      {mix}",
     ]
+    if band is not None and calibration is not None:
+        lines += calibration_lines(band, calibration, scn.gpus)
     ref = next(iter(scn.strategies))
     p = evaluate(scn, ref)
     lines += ["", f"Checkpoint interval at job MTBF {mtbf / 3600:.2f} h "
@@ -64,21 +82,23 @@ def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple
         best = optimal_interval(stall, mtbf)
         g = goodput(daly, mtbf, stall, stall, p.recovery_s, p.shares)
         lines.append(f"  {stall:>5g} s  {_interval(young):>18}  {_interval(daly):>18}  {_interval(best):>18}"
-                     f"  {g:>15.4f}")
+                     f"  {g:>15.3f}")
     source = f"fitted from {measured}" if measured else "scenario defaults"
     lines += ["", f"Strategies at {scn.gpus:,} GPUs, checkpoint {scn.ckpt_bytes / TB:.2f} TB "
                   f"({_count(scn.params)} params x {scn.bytes_per_param:g} B); costs: {source}",
               f"  {'strategy':<12} {'stall':>8} {'durable':>9} {'recovery':>9} {'Daly':>9} {'optimum':>9} "
-              f"{'goodput':>8}  {'Monte Carlo (95% CI)':<20}"]
+              f"{'goodput (failure band)':>22}  {'Monte Carlo':<12}"]
     for row in summary.itertuples():
         if not row.feasible:
             lines.append(f"  {row.strategy:<12} infeasible: checkpoint shard exceeds the strategy's memory limit")
             continue
-        mc = f"{row.goodput_monte_carlo:.4f} +/- {row.goodput_monte_carlo_ci95:.4f}" \
-            if np.isfinite(row.goodput_monte_carlo) else "-"
+        # The simulation's own 95% CI (a few 1e-4) is far narrower than the band: the band sets the digits.
+        d = decimals(row.goodput_band_low, row.goodput_band_high) if band is not None else 3
+        mc = f"{row.goodput_monte_carlo:.{d}f}" if np.isfinite(row.goodput_monte_carlo) else "-"
+        good = row.goodput_shown if band is not None else f"{row.goodput_closed_form:.3f}"
         lines.append(f"  {row.strategy:<12} {_duration(row.stall_s):>8} {_duration(row.durable_s):>9} "
                      f"{_duration(row.mean_recovery_s):>9} {_duration(row.daly_interval_s):>9} "
-                     f"{_duration(row.optimal_interval_s):>9} {row.goodput_closed_form:>8.4f}  {mc:<20}")
+                     f"{_duration(row.optimal_interval_s):>9} {good:>22}  {mc:<12}")
     if f.distribution != "exponential":
         lines.append(f"  (goodput: closed form for exponential failures with the same MTBF; Monte Carlo: "
                      f"{f.distribution}{shape})")

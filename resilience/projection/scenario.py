@@ -73,6 +73,10 @@ class Scenario:
     def with_strategies(self, strategies: Mapping[str, StrategyCosts]) -> "Scenario":
         return dataclasses.replace(self, strategies=dict(strategies))
 
+    def with_per_gpu_mttf(self, per_gpu_mttf_h: float) -> "Scenario":
+        """The same scenario at another failure rate (the failure band's edges); the mix of kinds is kept."""
+        return dataclasses.replace(self, failure=dataclasses.replace(self.failure, per_gpu_mttf_h=per_gpu_mttf_h))
+
 
 def resolve_path(value: Any, field: str, search_dirs: Sequence[Path]) -> Path:
     """An absolute path as is; a relative one is looked up in ``search_dirs`` in order (first hit wins)."""

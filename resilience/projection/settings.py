@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from resilience.projection.validation import as_bool, as_float, as_int, fail, require_keys
+from resilience.projection.validation import as_bool, as_float, as_int, as_name, fail, require_keys
 
 #: The repository's top-level ``conf/`` directory (found from this file, so no machine-specific path is stored).
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -26,6 +26,8 @@ class Settings:
     cluster_sizes: tuple[int, ...]
     ckpt_sizes_TB: tuple[float, ...]
     example_stalls_s: tuple[float, ...]
+    band_figures_csv: str
+    band_use: tuple[str, ...] | None  # None: every figure of the file
 
 
 def _list(value: Any, field: str) -> Sequence[Any]:
@@ -36,7 +38,9 @@ def _list(value: Any, field: str) -> Sequence[Any]:
 
 def build_settings(cfg: Mapping[str, Any]) -> Settings:
     """Validate the non-scenario part of the projection config (a plain mapping)."""
-    require_keys(cfg, "config", ["monte_carlo", "sweep", "summary"])
+    require_keys(cfg, "config", ["monte_carlo", "sweep", "summary", "failure_band"])
+    band = cfg["failure_band"]
+    require_keys(band, "failure_band", ["figures_csv", "use"])
     mc, sweep, summary = cfg["monte_carlo"], cfg["sweep"], cfg["summary"]
     require_keys(mc, "monte_carlo", ["trials", "seed", "bootstrap", "cluster_trials"])
     require_keys(sweep, "sweep", ["interval_points", "cluster_sizes", "ckpt_sizes_TB"])
@@ -59,6 +63,9 @@ def build_settings(cfg: Mapping[str, Any]) -> Settings:
                             for i, v in enumerate(_list(sweep["ckpt_sizes_TB"], "sweep.ckpt_sizes_TB"))),
         example_stalls_s=tuple(as_float(v, f"summary.example_stalls_s[{i}]", gt=0)
                                for i, v in enumerate(_list(summary["example_stalls_s"], "summary.example_stalls_s"))),
+        band_figures_csv=as_name(band["figures_csv"], "failure_band.figures_csv"),
+        band_use=None if band["use"] is None else tuple(
+            as_name(v, f"failure_band.use[{i}]") for i, v in enumerate(_list(band["use"], "failure_band.use"))),
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from resilience.projection.calibration import FailureBand, shown
 from resilience.projection.cost_model import CostsAtScale
 from resilience.projection.goodput import goodput, recovery_survival
 from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
@@ -57,11 +58,24 @@ def evaluate(scn: Scenario, strategy: str, gpus: int | None = None, ckpt_bytes: 
     return Point(costs, mtbf, costs.recovery_s(scn.kinds), np.asarray(scn.failure.kind_shares), tau)
 
 
-def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = None) -> pd.DataFrame:
-    """Per strategy at the scenario's size: costs, Young/Daly/optimal interval, closed-form and Monte Carlo goodput."""
+def band_goodput(scn: Scenario, band: FailureBand | None, strategy: str, gpus: int | None = None,
+                 ckpt_bytes: float | None = None) -> tuple[float, float]:
+    """Goodput at the band's most and fewest failures (each at its own optimal interval); NaN without a band."""
+    if band is None:
+        return float("nan"), float("nan")
+    low, high = (evaluate(scn.with_per_gpu_mttf(h), strategy, gpus, ckpt_bytes).goodput
+                 for h in (band.low_h, band.high_h))
+    return low, high
+
+
+def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = None,
+                     band: FailureBand | None = None) -> pd.DataFrame:
+    """Per strategy at the scenario's size: costs, Young/Daly/optimal interval, closed-form and Monte Carlo goodput,
+    and the goodput at the failure band's edges (``goodput_shown``: rounded to what the band supports)."""
     rows = []
     for name in scn.strategies:
         p = evaluate(scn, name)
+        low, high = band_goodput(scn, band, name)
         c = p.costs
         young, daly = young_interval(c.stall_s, p.mtbf_s), daly_interval(c.stall_s, p.mtbf_s)
         if not c.checkpoints:
@@ -75,6 +89,7 @@ def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = Non
             "goodput_young": p.goodput_at(young) if c.feasible else np.nan,
             "goodput_daly": p.goodput_at(daly) if c.feasible else np.nan,
             "goodput_closed_form": p.goodput,
+            "goodput_band_low": low, "goodput_band_high": high, "goodput_shown": shown(p.goodput, low, high),
             "goodput_monte_carlo": sim.mean if sim else np.nan,
             "goodput_monte_carlo_ci95": sim.ci95 if sim else np.nan,
             "monte_carlo_trials": sim.goodput.size if sim else 0,
@@ -98,31 +113,46 @@ def interval_sweep(scn: Scenario, points: int) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def cluster_sweep(scn: Scenario, sizes: tuple[int, ...]) -> pd.DataFrame:
-    """Goodput vs GPU count, each strategy at its own optimal interval (checkpoint size fixed)."""
+def cluster_sweep(scn: Scenario, sizes: tuple[int, ...], band: FailureBand | None = None) -> pd.DataFrame:
+    """Goodput vs GPU count, each strategy at its own optimal interval (checkpoint size fixed), with the band."""
     rows = []
     for gpus in sizes:
         for name in scn.strategies:
             p = evaluate(scn, name, gpus)
+            low, high = band_goodput(scn, band, name, gpus)
             rows.append({"label": LABEL, "scenario": scn.name, "strategy": name, "gpus": gpus,
                          "job_mtbf_h": p.mtbf_s / 3600, "stall_s": p.costs.stall_s, "durable_s": p.costs.lag_s,
                          "mean_recovery_s": p.mean_recovery_s, "optimal_interval_s": p.interval_s,
-                         "feasible": p.costs.feasible, "goodput": p.goodput})
+                         "feasible": p.costs.feasible, "goodput": p.goodput, "goodput_band_low": low,
+                         "goodput_band_high": high})
     return pd.DataFrame(rows)
 
 
-def winner_grid(scn: Scenario, sizes: tuple[int, ...], ckpt_sizes_TB: tuple[float, ...]) -> pd.DataFrame:
-    """Best goodput per strategy over GPU count x checkpoint size; ``winner`` marks the best feasible one."""
+def _winner(scn: Scenario, gpus: int, ckpt_bytes: float) -> tuple[list[tuple[str, Point]], np.ndarray, int]:
+    cell = [(name, evaluate(scn, name, gpus, ckpt_bytes)) for name in scn.strategies]
+    scores = np.asarray([p.goodput for _, p in cell])
+    return cell, scores, int(np.nanargmax(scores)) if np.any(np.isfinite(scores)) else -1
+
+
+def winner_grid(scn: Scenario, sizes: tuple[int, ...], ckpt_sizes_TB: tuple[float, ...],
+                band: FailureBand | None = None) -> pd.DataFrame:
+    """Best goodput per strategy over GPU count x checkpoint size; ``winner`` marks the best feasible one, and
+    ``winners_in_band`` the winner at each rate of the failure band, from the most failures to the fewest."""
+    rates = band.rates_h(scn.failure.per_gpu_mttf_h) if band else np.array([])
     rows = []
     for gpus in sizes:
         for tb in ckpt_sizes_TB:
-            cell = [(name, evaluate(scn, name, gpus, tb * TB)) for name in scn.strategies]
-            scores = np.asarray([p.goodput for _, p in cell])
-            win = int(np.nanargmax(scores)) if np.any(np.isfinite(scores)) else -1
+            cell, scores, win = _winner(scn, gpus, tb * TB)
+            in_band = []
+            for h in rates:
+                c, _, w = _winner(scn.with_per_gpu_mttf(h), gpus, tb * TB)
+                in_band.append(c[w][0] if w >= 0 else "none")
+            names = list(dict.fromkeys(in_band))
             for i, (name, p) in enumerate(cell):
                 rows.append({"label": LABEL, "scenario": scn.name, "gpus": gpus, "ckpt_TB": tb, "strategy": name,
                              "optimal_interval_s": p.interval_s, "feasible": p.costs.feasible,
-                             "goodput": scores[i], "winner": i == win})
+                             "goodput": scores[i], "winner": i == win, "winners_in_band": " / ".join(names),
+                             "winner_changes_in_band": len(names) > 1})
     return pd.DataFrame(rows)
 
 

@@ -6,7 +6,9 @@ its own: ``"scenario.gpus=0: must be an integer >= 1"``.
 
 from __future__ import annotations
 
+import csv
 import math
+from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 
@@ -89,3 +91,15 @@ def require_keys(node: Any, field: str, keys: Sequence[str]) -> None:
     for key in keys:
         if key not in node:
             raise ConfigError(f"{field}.{key}: missing (required)")
+
+
+def read_csv_rows(path: str | Path, field: str) -> list[dict[str, str]]:
+    """The rows of a CSV whose lines starting with ``#`` are comments; at least one row, else an error."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(row for row in f if not row.lstrip().startswith("#")))
+    except OSError as err:
+        fail(field, path, f"cannot be read ({err.strerror})")
+    if not rows:
+        fail(field, path, "must be a CSV with a header and at least one row")
+    return rows
