@@ -17,7 +17,8 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from reports.tables import col, ok_runs, order  # noqa: E402
+from reports import stats  # noqa: E402
+from reports.tables import col, interval_columns, medians, ok_runs, order  # noqa: E402
 
 PHASES = ("detect", "restart", "load", "replay")
 sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
@@ -40,6 +41,27 @@ def empty(title: str, reason: str) -> Figure:
     return fig
 
 
+def interval_bars(ax, table: pd.DataFrame, measures: list[str], labels: list[str]) -> None:
+    """Horizontal bars, one group per row of ``table`` and one bar per measure: the median, and as error bar its
+    95% interval or the runs' range (``<m>_low`` / ``<m>_high``, from ``reports.tables.medians``)."""
+    y = np.arange(len(table))[::-1]
+    height = 0.8 / len(measures)
+    for k, (m, color) in enumerate(zip(measures, sns.color_palette("colorblind", len(measures)))):
+        mid = table[m].astype(float).to_numpy()
+        low = np.nan_to_num(mid - table[f"{m}_low"].astype(float).to_numpy())
+        high = np.nan_to_num(table[f"{m}_high"].astype(float).to_numpy() - mid)
+        ax.barh(y + (len(measures) / 2 - k - 0.5) * height, np.nan_to_num(mid), height=height, color=color,
+                label=m, xerr=[low, high], error_kw={"elinewidth": 1, "capsize": 2})
+    ax.set_yticks(y, labels, fontsize=9)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
+def median_ci(values: pd.Series) -> tuple[float, float]:
+    """Seaborn's ``errorbar``: the median's 95% interval, or the runs' range where n < 6 (reports.stats)."""
+    est = stats.median_interval(values)
+    return (est.low, est.high) if est.n else (np.nan, np.nan)
+
+
 def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     """Stacked bars: median detect / restart / load / replay seconds per (strategy, fault) of recovered runs."""
     ok = ok_runs(frame)
@@ -52,9 +74,10 @@ def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
                 continue
             row = {"strategy": strategy, "fault": fault, "runs": len(mine)}
             row.update({p: col(mine, f"recovery_breakdown_s.{p}").fillna(0).median() for p in PHASES})
-            row["recovery_time_s"] = col(mine, "recovery_time_s").median()
+            row.update(medians({"recovery_time_s": col(mine, "recovery_time_s")}))
             rows.append(row)
-    data = pd.DataFrame(rows, columns=["strategy", "fault", "runs", *PHASES, "recovery_time_s"])
+    data = pd.DataFrame(rows, columns=["strategy", "fault", "runs", *PHASES, "recovery_time_s",
+                                       *interval_columns(["recovery_time_s"])])
     if data.empty:
         return empty("Recovery time breakdown", "no recovered run"), data
     fig, ax = plt.subplots(figsize=(9, 0.75 * len(data) + 1.6))
@@ -64,11 +87,16 @@ def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     for phase, color in zip(PHASES, sns.color_palette("colorblind", len(PHASES))):
         ax.barh(y, data[phase], left=left, color=color, label=phase, height=0.6)
         left += data[phase].to_numpy()
-    for yi, total, n in zip(y, data["recovery_time_s"], data["runs"]):
-        ax.text(total, yi, f"  {total:.2f} s (n={n})", va="center", fontsize=9)
+    for yi, r in zip(y, data.itertuples()):
+        low, high = r.recovery_time_s_low, r.recovery_time_s_high
+        ax.errorbar(r.recovery_time_s, yi, xerr=[[r.recovery_time_s - low], [high - r.recovery_time_s]], fmt="none",
+                    ecolor="black", elinewidth=1, capsize=3)
+        spread = stats.interval_text(r.recovery_time_s_n, low, high, r.recovery_time_s_exact)
+        ax.text(high, yi, f"  {r.recovery_time_s:.2f} s ({spread})", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=9)
-    ax.set_xlabel("seconds from fault injection until training is back at the fault's step (median)")
-    ax.set_xlim(0, float(data["recovery_time_s"].max()) * 1.3)
+    ax.set_xlabel("seconds from fault injection until training is back at the fault's step (median; bar: 95% CI "
+                  "of the total, or the runs' range where n < 6)")
+    ax.set_xlim(0, float(data["recovery_time_s_high"].max()) * 1.6)
     ax.legend(ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.set_title("Recovery time breakdown by strategy and fault", pad=28)
     fig.tight_layout()
@@ -90,16 +118,19 @@ def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     long = data.melt(id_vars=["strategy", "checkpoint_every"], value_vars=["ckpt_stall_s", "ckpt_durable_s"],
                      var_name="measure", value_name="seconds")
     long["measure"] = long["measure"].map({"ckpt_stall_s": "stall", "ckpt_durable_s": "until durable"})
-    hue_order = order(data, "strategy")
+    runs = data["strategy"].value_counts()
+    data["runs"] = data["strategy"].map(lambda s: f"{s} (n={runs[s]})")  # every point's n is in its legend entry
+    hue_order = [f"{s} (n={runs[s]})" for s in order(data, "strategy")]
+    long = long.assign(strategy=long["strategy"].map(dict(zip(data["strategy"], data["runs"]))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     sns.lineplot(long, x="checkpoint_every", y="seconds", hue="strategy", style="measure", hue_order=hue_order,
-                 estimator="median", errorbar=None, markers=True, ax=a)
-    sns.scatterplot(data, x="checkpoint_every", y="ckpt_stall_s", hue="strategy", hue_order=hue_order, alpha=0.35,
+                 estimator="median", errorbar=median_ci, markers=True, ax=a)
+    sns.scatterplot(data, x="checkpoint_every", y="ckpt_stall_s", hue="runs", hue_order=hue_order, alpha=0.35,
                     legend=False, ax=a)
-    a.set(xlabel="checkpoint interval (steps)", ylabel="seconds per checkpoint (median; dots: runs)",
+    a.set(xlabel="checkpoint interval (steps)", ylabel="seconds per checkpoint\n(median, 95% CI or range; dots: runs)",
           title="Cost of one checkpoint", ylim=(0, None))
-    sns.lineplot(data, x="checkpoint_every", y="overhead_pct", hue="strategy", hue_order=hue_order,
-                 estimator="median", errorbar=None, marker="o", ax=b)
+    sns.lineplot(data, x="checkpoint_every", y="overhead_pct", hue="runs", hue_order=hue_order,
+                 estimator="median", errorbar=median_ci, marker="o", ax=b)
     b.set(xlabel="checkpoint interval (steps)", ylabel="stall / training time between checkpoints (%)",
           title="Checkpoint overhead", ylim=(0, None))
     for ax in (a, b):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
-from reports.tables import bit_exact, col, finished, noisy, order
+from reports.figures import interval_bars
+from reports.tables import bit_exact, col, finished, medians, noisy, order, with_ratios
 from resilience.named import base_option
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -40,6 +40,7 @@ NOT_APPLICABLE = ("Not applicable: <code>fault=slow_disk</code> (throttle, enosp
                   "file-system layer that this fault acts on.")
 MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",
             "recovery_s": "recovery_time_s", "lost_steps": "lost_steps"}
+TIMED = ("stall_s", "durable_s", "recovery_s")  # drawn, and compared with sync
 
 
 def family(strategy: str) -> str | None:
@@ -61,7 +62,7 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     runs = runs[~runs.get("is_reference", pd.Series(False, index=runs.index)).astype(bool)] if len(runs) else runs
     if runs.empty:
         return pd.DataFrame()
-    rows = []
+    rows, samples = [], []
     for (workload, strategy), group in runs.groupby(["cell.workload", "cell.strategy"], sort=False):
         library = group.get("peer.library", pd.Series(dtype=object)).dropna()
         row = {"workload": workload, "family": family(strategy), "strategy": strategy,
@@ -69,7 +70,8 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
                "version": _first(group, "peer.version"), "patches": _patches(group), "runs": len(group),
                "bit_exact": bit_exact(group)}
         timed = group[~noisy(group)]  # a busy host's timings stay out; its bit-exact check counts
-        row.update({name: col(timed, source).median() for name, source in MEASURES.items()})
+        samples.append({name: col(timed, source) for name, source in MEASURES.items()})
+        row.update(medians(samples[-1]))  # each with its n and 95% interval (reports.stats)
         row["noisy_runs"] = int(noisy(group).sum())
         # Peak PSS of the run's processes (ranks, supervisor, the library's helpers), fault-free runs only: a
         # recovery's second set of processes is not what a strategy costs.
@@ -79,8 +81,8 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    for measure in ("stall_s", "durable_s", "recovery_s"):
-        table[f"{measure}_vs_sync"] = table.apply(lambda r: _ratio(table, r, measure, strategy="sync"), axis=1)
+    table = with_ratios(table, ["workload"], list(TIMED), samples)  # the ratio's interval and verdict
+    for measure in TIMED:
         table[f"{measure}_vs_best_library"] = table.apply(lambda r: _ratio(table, r, measure), axis=1)
     return table
 
@@ -93,18 +95,24 @@ def peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         ax.text(0.5, 0.5, "Ours against the libraries\nno data: the matrix ran no checkpointing strategy",
                 ha="center", va="center")
         return fig, table
-    long = table.melt(id_vars=["workload", "strategy"], value_vars=["stall_s", "durable_s", "recovery_s"],
-                      var_name="measure", value_name="seconds")
     workloads = order(table, "workload")
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 0.45 * table["strategy"].nunique() + 2),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 0.6 * table["strategy"].nunique()
+                                                         + 2), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
-        sns.barplot(long[long["workload"] == workload], y="strategy", x="seconds", hue="measure", ax=ax,
-                    order=order(table[table["workload"] == workload], "strategy"))
-        ax.set(title=workload, xlabel="seconds (median over runs)", ylabel="")
+        mine = table[table["workload"] == workload].reset_index(drop=True)
+        interval_bars(ax, mine, list(TIMED), [f"{s}  (n={_runs(r)})" for s, r in zip(mine["strategy"],
+                                                                                   mine.itertuples())])
+        ax.set(title=workload, xlabel="seconds (median over runs; bars: 95% CI, or the runs' range where n < 6)")
         ax.set_xscale("symlog", linthresh=0.01)
     fig.tight_layout()
     return fig, table
+
+
+def _runs(row) -> str:
+    """The timed runs behind a row's bars: one n when every measure has the same, else each measure's."""
+    ns = {m: int(getattr(row, f"{m}_n")) for m in TIMED}
+    return str(next(iter(ns.values()))) if len(set(ns.values())) == 1 else ", ".join(f"{m} {n}" for m, n in
+                                                                                     ns.items())
 
 
 def peers_note(frame: pd.DataFrame) -> str:
@@ -143,12 +151,9 @@ def _patches(group: pd.DataFrame) -> str:
     return ", ".join(sorted(names))
 
 
-def _ratio(table: pd.DataFrame, row: pd.Series, measure: str, strategy: str | None = None) -> float:
-    """``row``'s measure over sync's (``strategy``) or the best library's of its family, on its workload."""
+def _ratio(table: pd.DataFrame, row: pd.Series, measure: str) -> float:
+    """``row``'s measure over the best library's of its family, on its workload."""
     same = table[table["workload"] == row["workload"]]
-    if strategy is not None:
-        base = same.loc[same["strategy"] == strategy, measure]
-    else:
-        base = same.loc[(same["family"] == row["family"]) & (same["library"] != "-"), measure]
+    base = same.loc[(same["family"] == row["family"]) & (same["library"] != "-"), measure]
     best = base.min() if len(base) else float("nan")
     return row[measure] / best if best and best == best and best > 0 else float("nan")

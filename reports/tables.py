@@ -90,7 +90,7 @@ def interval_columns(metrics: list[str]) -> list[str]:
     return [f"{m}_{part}" for m in metrics for part in INTERVAL_PARTS]
 
 
-def _medians(samples: dict[str, pd.Series]) -> dict[str, Any]:
+def medians(samples: dict[str, pd.Series]) -> dict[str, Any]:
     """Each sample's median, its n and its 95% interval (or range), as the table's columns."""
     out: dict[str, Any] = {}
     for name, values in samples.items():
@@ -100,7 +100,7 @@ def _medians(samples: dict[str, pd.Series]) -> dict[str, Any]:
     return out
 
 
-def _with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str],
+def with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str],
                  samples: list[dict[str, pd.Series]] | None = None) -> pd.DataFrame:
     """Add ``<metric>_vs_sync`` for each metric: the row's value over the sync row with the same ``keys``; with
     ``samples`` (each row's runs per metric, in the table's order), also the ratio's interval and the verdict."""
@@ -170,11 +170,11 @@ def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataF
                    "step_time_s": col(mine_ok, "step_time_s"), "goodput_fault_free": col(fault_free, "goodput")}
         kept.append(samples)
         rows.append({"strategy": strategy, "cells": len(mine), "runs": len(finished(mine)), "runs_ok": len(mine_ok),
-                     **_medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine)})
+                     **medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine)})
     metrics = list(STRATEGY_METRICS)
     table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", *metrics, "bit_exact", "note",
                                         *interval_columns(metrics)])
-    return _with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"], kept)
+    return with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"], kept)
 
 
 def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
@@ -193,12 +193,12 @@ def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
             rows.append({
                 "strategy": strategy, "fault": fault, "cells": len(mine), "runs": len(finished(mine)),
                 "recovered": int((mine.get("recovered", pd.Series(dtype=object)) == True).sum()),  # noqa: E712
-                **_medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine),
+                **medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine),
             })
     metrics = list(FAULT_METRICS)
     table = pd.DataFrame(rows, columns=["strategy", "fault", "cells", "runs", "recovered", *metrics, "bit_exact",
                                         "note", *interval_columns(metrics)])
-    return _with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"], kept)
+    return with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"], kept)
 
 
 def false_alarms(frame: pd.DataFrame) -> tuple[int, int]:

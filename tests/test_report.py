@@ -92,6 +92,9 @@ def test_report_renders_every_section_self_contained(summary, tmp_path):
         assert len(pd.read_csv(tmp_path / "report" / f"{name}.csv")) > 0, name
     for name in ("headline_strategies", "headline_faults", "environment", "inventory"):
         assert (tmp_path / "report" / f"{name}.csv").exists()
+    breakdown = pd.read_csv(tmp_path / "report" / "recovery_breakdown.csv")  # every median with its n and interval
+    assert breakdown["recovery_time_s_n"].min() >= 1 and breakdown["recovery_time_s_low"].notna().all()
+    assert "n=" in pd.read_csv(tmp_path / "report" / "ckpt_overhead.csv")["runs"].iloc[0]
 
 
 @pytest.mark.timeout(120)
