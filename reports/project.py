@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from reports import registry  # noqa: E402
+from reports.html import figure, table  # noqa: E402
 from resilience import child  # noqa: E402
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json  # noqa: E402
 from resilience.projection.outputs import write_png  # noqa: E402
@@ -51,6 +53,35 @@ def project(summary_csv: Path, status_json: Path) -> dict:
     status = {"ok": ok, "command": cmd, "exit_code": code, "error": reason, "console": out.strip()}
     atomic_write_json(status_json, status)
     return status
+
+
+CALIBRATION_COLUMNS = [("figure", "figure"), ("source", "source"), ("gpus", "GPUs"), ("published", "published"),
+                       ("implied_per_gpu_mttf_h", "per-GPU MTTF it implies (GPU-h)"),
+                       ("model_value", "model at the scenario's rate"), ("error", "relative error")]
+
+
+def calibration_html(folder: Path) -> str:
+    """The failure band in the report: each published figure, its source and the model's reproduction (relative
+    error: model / published - 1), and the figure of the rates they imply; empty without the projection's CSV."""
+    csv = folder / "projection_calibration.csv"
+    if not csv.exists():
+        return ""
+    cal = pd.read_csv(csv)
+    cal["error"] = [f"{v:+.0%}" for v in cal["relative_error"]]
+    rate = float(cal["scenario_per_gpu_mttf_h"].iloc[0])
+    html = ("<h3>The failure band: published figures and the model's reproduction</h3>"
+            + table(cal, CALIBRATION_COLUMNS, text=["figure", "source", "published", "error"])
+            + f"<p class=\"caption\">Each figure inverted through the failure model gives a per-GPU MTTF; the "
+              f"scenario's own calibration is {rate:,.0f} GPU-hours, and the model's value of each figure at that "
+              f"rate is shown with its relative error. The rates the figures imply span the failure band; every "
+              f"projected goodput is shown with its value at the band's edges and rounded to the precision the band "
+              f"supports. Data: {folder.name}/projection_calibration.csv.</p>")
+    png = folder / "projection_failure_band.png"
+    if png.exists():
+        html += figure(png.read_bytes(), "projection: failure band", "Projection: the per-GPU MTTF each published "
+                       "figure implies (dots), the band they span (shaded) and the scenario's calibration (line).",
+                       f"{folder.name}/projection_calibration.csv")
+    return html
 
 
 def _placeholder(path: Path, name: str, reason: str) -> None:

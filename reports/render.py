@@ -16,13 +16,13 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reports import methods, registry, stats, tables
+from reports import methods, project, registry, stats, tables
 from reports.html import badge, esc, figure, fmt, page, png_bytes, section, table
 from resilience.record.fsio import atomic_write_bytes
 
 PROJECTION_COLUMNS = ("strategy", "costs", "gpus", "ckpt_TB", "job_mtbf_h", "stall_s", "durable_s", "load_s",
                       "restart_s", "mean_recovery_s", "optimal_interval_s", "goodput_closed_form",
-                      "goodput_monte_carlo")
+                      "goodput_monte_carlo", "goodput_shown")
 
 
 def caption(name: str) -> str:
@@ -182,11 +182,16 @@ def _projection(status_path: Path | None, measured: list[str]) -> str:
         proj.insert(1, "costs", ["fitted from this matrix" if s in measured else "scenario default (assumption)"
                                  for s in proj["strategy"]])
         shown = [c for c in PROJECTION_COLUMNS if c in proj.columns]
-        body += ("<h3>Projected per strategy</h3>" + table(proj, [(c, c) for c in shown], text=["strategy", "costs"])
+        if "goodput_shown" in shown:  # goodput to the failure band's precision, not 3 digits (reports/project.py)
+            shown = [c for c in shown if c not in ("goodput_closed_form", "goodput_monte_carlo")]
+        body += ("<h3>Projected per strategy</h3>"
+                 + table(proj, [(c, c) for c in shown], text=["strategy", "costs", "goodput_shown"])
                  + "<p class=\"caption\">Projection at the scenario's size: fitted costs per checkpoint and "
-                   "recovery, optimal interval, goodput in closed form and by Monte Carlo. Strategies this matrix "
+                   "recovery, optimal interval, goodput (closed form; in brackets at the failure band's edges, rounded to "
+                   "what the band supports). Strategies this matrix "
                    "did not measure keep the scenario's assumed costs. Data: "
                    f"{esc(folder.name)}/projection_summary.csv.</p>")
+        body += project.calibration_html(folder)
     body += f"<details><summary>Projection console output</summary><pre>{esc(status.get('console'))}</pre></details>"
     return section("projection", title, body, "projection")
 
