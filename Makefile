@@ -4,23 +4,40 @@
 #   make demo   one killed rank recovered and checked bit for bit (half a minute)
 PYTHON ?= python3
 VENV   ?= .venv
-TORCH_INDEX ?=   # optional: a CPU-only torch wheel index, used before everything else is installed
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LOCK   := workflow/envs/constraints.txt
 
 CORES  ?= 2
 
-.PHONY: run test demo venv clean
+# Where torch comes from. A machine with no NVIDIA driver whose pip has no wheel source of its own (index-url,
+# find-links) gets PyTorch's CPU-only index, so set-up pulls no CUDA wheels; set TORCH_INDEX= (empty) to use
+# pip's default, or another index. Evaluated only when the venv is (re)built.
+PIP_SOURCES = $(shell $(PYTHON) -m pip config list 2>/dev/null | grep -E 'index-url|find-links'; \
+                      env | grep -E '^PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS)=')
+TORCH_INDEX ?= $(if $(wildcard /proc/driver/nvidia/version)$(strip $(PIP_SOURCES)),,https://download.pytorch.org/whl/cpu)
+
+.PHONY: run test demo venv lock clean
 
 venv: $(STAMP)
 
-# Reinstalled whenever pyproject.toml changes. torch is pinned to 2.13.0: on a CPU-only machine pip takes
-# the CPU build when one is offered; see README "Set-up".
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(if $(strip $(TORCH_INDEX)),$(PY) -m pip install --quiet torch==2.13.0 --index-url $(strip $(TORCH_INDEX)))
-	$(PY) -m pip install --quiet -e '.[test,peers]'
-	touch $(STAMP)
+# Reinstalled whenever pyproject.toml or the lock changes; one line per step, then pip's own progress.
+$(STAMP): pyproject.toml $(LOCK)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "error: PYTHON=$(PYTHON) \
+	is $$($(PYTHON) --version 2>/dev/null || echo 'not found'); resilience-bench needs Python >= 3.11: run make \
+	$(or $(MAKECMDGOALS),venv) PYTHON=python3.11 (or another Python >= 3.11)" >&2; exit 2; }
+	@echo "[set-up 1/3] virtual environment $(VENV) ($$($(PYTHON) --version))"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[set-up 2/3] torch 2.13.0 from $(or $(strip $(TORCH_INDEX)),pip's configured sources)"
+	$(if $(strip $(TORCH_INDEX)),$(PY) -m pip install torch==2.13.0 --index-url $(strip $(TORCH_INDEX)),@true)
+	@echo "[set-up 3/3] the project, its test tools and the peer libraries, at the versions of $(LOCK)"
+	$(PY) -m pip install -c $(LOCK) -e '.[test,peers]'
+	@touch $(STAMP) && echo "[set-up] done: $(VENV)"
+
+# Rewrite the lock from the venv after a deliberate upgrade (torch's local label left to the index).
+lock: $(STAMP)
+	@{ sed -n '1,2p' $(LOCK); $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//' | LC_ALL=C sort -f; } \
+	  > $(LOCK).new && mv $(LOCK).new $(LOCK) && echo "wrote $(LOCK)"
 
 # make run MATRIX=smoke: another conf/matrix/<name>.yaml (results in results/<name>/)
 MATRIX ?= default
