@@ -38,7 +38,9 @@ from typing import Any, Sequence
 import yaml
 
 from resilience import child
+from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json
+from resilience.trace import write_trace
 
 TAIL_LINES = 12
 PARAMS_FILE = "params.yaml"  # the cell's full name, overrides and parameters, in its run directory
@@ -84,6 +86,11 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
         **classify(run_dir, proc.returncode, timed_out, timeout_s, list(tails["stderr"]), list(tails["stdout"])),
     }
     record["validity"] = measured_validity(run_dir)
+    if (run_dir / EVENTS_FILE).exists():  # the run as a Perfetto / Chrome trace (milliseconds of work)
+        try:
+            write_trace(run_dir)
+        except Exception as exc:  # informative only: a torn or odd event log must not cost the cell its record
+            print(f"[cell] no trace.json: {type(exc).__name__}: {exc}", flush=True)
     if not keep_checkpoints and (run_dir / "ckpt").is_dir():
         shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
     atomic_write_json(done_path, record)

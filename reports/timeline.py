@@ -1,11 +1,14 @@
 """Gantt timelines drawn from ``events.jsonl``: one representative run per strategy, every rank and the supervisor.
 
 The representative run of a strategy is its first recovered run in matrix order (the first fault, the lowest
-seed); without one, its first run with an injected fault; without that, its first fault-free run.
+seed); without one, its first run with an injected fault; without that, its first fault-free run. Under the
+figure, each one's Perfetto / Chrome trace (``python -m resilience.trace``), embedded, to download and open.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import matplotlib
@@ -19,8 +22,10 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from reports.figures import empty  # noqa: E402
+from reports.html import esc  # noqa: E402
 from reports.tables import order  # noqa: E402
 from resilience.record.events import read_events  # noqa: E402
+from resilience.trace import trace  # noqa: E402
 
 _PAL = sns.color_palette("colorblind")
 COLORS = {"step": _PAL[0], "lost step": "#f4a3a3", "start-up": "#c8c8c8", "checkpoint stall": _PAL[1],
@@ -127,3 +132,20 @@ def timeline(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (sum(heights) + 1.2)))
     fig.legend(handles=handles, loc="upper center", ncols=6, frameon=False, fontsize=9)
     return fig, data
+
+
+def trace_links(frame: pd.DataFrame) -> str:
+    """HTML under the timeline: each representative run's trace as a download embedded in the report (it stays
+    self-contained), to open in ui.perfetto.dev or chrome://tracing, and the command that writes it."""
+    reps = representatives(frame) if "run_dir" in frame and not frame.empty else pd.DataFrame()
+    links = []
+    for _, r in reps.iterrows():
+        run_dir = Path(str(r["run_dir"]))
+        data = json.dumps(trace(run_dir), separators=(",", ":")).encode()
+        href = "data:application/json;base64," + base64.b64encode(data).decode()
+        links.append(f'<a download="trace-{esc(run_dir.name)}.json" href="{href}">{esc(r["cell.strategy"])}</a>')
+    if not links:
+        return ""
+    return ("<p class=\"caption\">The same runs as traces, one track per rank, with steps, checkpoints, the fault, its "
+            "detection and the recovery phases (download, then open in ui.perfetto.dev or chrome://tracing): "
+            + ", ".join(links) + ". Any run: <code>python -m resilience.trace RUN_DIR</code>.</p>")

@@ -31,8 +31,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "injectors")),
     ("assembly", ("resilience.roles", "resilience.config")),
     ("processes", ("resilience.rank", "resilience.supervise")),
-    ("commands", ("resilience.__main__", "resilience.result", "resilience.bench", "resilience.projection",
-                  "reports")),
+    ("commands", ("resilience.__main__", "resilience.result", "resilience.trace", "resilience.bench",
+                  "resilience.projection", "reports")),
 ]
 
 

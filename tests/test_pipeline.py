@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,7 +18,9 @@ import yaml
 
 from conftest import ROOT, processes_mentioning, run_module
 from reports.cell import run_cell
+from reports.limits import PROBE_DIR
 from reports.matrix import available, load_matrix
+from resilience.ckpt.shm_store import SHM_DIR, run_id
 
 
 def snakemake(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -36,15 +40,30 @@ def test_lint_is_clean(tmp_path):
     assert done.returncode == 0 and "Congratulations" in done.stdout, done.stdout[-3000:]
 
 
+@pytest.mark.timeout(60)
+def test_snakefile_is_formatted():
+    done = subprocess.run([str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, f"run `snakefmt Snakefile`:\n{done.stdout}{done.stderr}"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("matrix", available())
 def test_dry_run_of_every_matrix_plans_each_cell_once(matrix, tmp_path):
-    done = snakemake("-n", "--cores", "2", "--config", f"matrix={matrix}", f"results={tmp_path}")
+    done = snakemake("-n", "--config", f"matrix={matrix}", f"results={tmp_path}")  # cores: the profile's
     assert done.returncode == 0, done.stdout[-3000:]
     cells = len(load_matrix(matrix).cells)
     assert re.search(rf"^run\s+{cells}$", done.stdout, re.MULTILINE), done.stdout[-2000:]
     for rule in ("probe", "aggregate", "project", "report"):
         assert rule in done.stdout
+    assert max(len(p.name) for p in map(Path, re.findall(r"\S+/runs/[^/\s]+", done.stdout))) < 64
+
+
+@pytest.mark.timeout(60)
+def test_each_matrix_has_its_own_results_folder_by_default():
+    done = snakemake("-n", "--config", "matrix=smoke")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "results/smoke/report/index.html" in done.stdout and "results/smoke/summary.parquet" in done.stdout
 
 
 @pytest.mark.timeout(60)
@@ -129,6 +148,65 @@ def test_interrupted_cell_writes_no_done_file_and_stops_its_processes(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM and "interrupted" in out
     assert not (run_dir / "done.json").exists()
     assert processes_mentioning(str(run_dir)) == []
+
+
+def one_cell_matrix(folder: Path, strategy: str = "none", steps: int = 12, every: int = 4) -> Path:
+    """A matrix of one fault-free cell (its own reference), and a fresh probe snapshot in ``folder/results``, which
+    ``probe_max_age_h=1`` reuses: these tests are about the cells, not the probe."""
+    matrix = folder / "one.yaml"
+    matrix.write_text(f"axes:\n  workload: [gpt_tiny]\n  strategy: [{strategy}]\n  fault: [none]\n"
+                      f"  detectors: [[process_exit]]\n  checkpoint.every: [{every}]\n  seed: [0]\n"
+                      f"  world_size: [2]\n  steps: [{steps}]\nreference: {{strategy: {strategy}}}\n")
+    snapshot = folder / "results" / PROBE_DIR / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    snapshot.mkdir(parents=True)
+    (snapshot / "limits.json").write_text('{"probed": false, "reason": "a test"}')
+    (snapshot / "environment.json").write_text("{}")
+    return matrix
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_cell_fails_the_pipeline_unless_allowed(tmp_path):
+    matrix = one_cell_matrix(tmp_path)
+    cell = load_matrix(str(matrix)).cells[0]
+    run_dir = tmp_path / "results" / "runs" / cell.dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "done.json").write_text(json.dumps({"cell": cell.name, "overrides": list(cell.overrides),
+                                                   "state": "failed", "error": "harness failure (exit 1)"}))
+    config = ("--until", "aggregate", "--config", f"matrix={matrix}", f"results={tmp_path / 'results'}",
+              "probe_max_age_h=1")
+    failed = snakemake(*config)
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert re.search(r"cell states:\n  failed\s+1\n  total\s+1\n", failed.stdout), failed.stdout[-2000:]
+    assert f"error: 1 cell(s) failed" in failed.stdout and cell.dir in failed.stdout
+    allowed = snakemake("-R", "aggregate", *config, "allow_failed=true")
+    assert allowed.returncode == 0 and "cell states:" in allowed.stdout, allowed.stdout[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_snakemake_alone_stops_the_running_cell_its_ranks_and_shared_memory(tmp_path):
+    matrix = one_cell_matrix(tmp_path, strategy="inmemory", steps=2000, every=2)  # snapshots in /dev/shm
+    results = tmp_path / "results"
+    run_dir = results / "runs" / load_matrix(str(matrix)).cells[0].dir
+    shm = f"*{run_id(run_dir)}*"
+    cmd = [sys.executable, "-m", "snakemake", "--config", f"matrix={matrix}", f"results={results}", "probe_max_age_h=1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # a signal to its group would reach the cell directly
+    try:
+        deadline = time.monotonic() + 120
+        while not list(SHM_DIR.glob(shm)) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(SHM_DIR.glob(shm)), "the cell never held a snapshot in shared memory"
+        proc.send_signal(signal.SIGTERM)  # to snakemake's process only
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0, out[-3000:]
+    assert processes_mentioning(str(results)) == [], "a cell, rank or supervisor outlived snakemake"
+    assert list(SHM_DIR.glob(shm)) == [], "shared memory outlived the run"
+    assert not (run_dir / "done.json").exists()  # it runs again next time
+    assert re.search(r"cell states:\n  not run\s+1\n", out), out[-3000:]
 
 
 @pytest.mark.timeout(300)
