@@ -5,9 +5,12 @@
   ``gpt_small``, ``dlrm_emb``): runs with and without it, alternated, and the median *step period* of rank 0 (the time
   between consecutive ``step_end`` events, which includes the detector's check after the step; a step's own
   ``duration_s`` ends before it) compared, beside the coverage each run stated (``fingerprint_coverage``);
+* the same ratio measured in one process as CPU time (``time.thread_time``, one torch thread): a step of the
+  workload against the detector's own work for it (the touched rows in ``on_backward``, the fingerprint after the
+  step; not the all-gather of two integers), which a busy host does not blur as it blurs wall time;
 * zero false alarms over fault-free runs of the default detector set.
 
-``--only fingerprint`` runs the fingerprint rows alone (about 10 min on 2 busy cores with the defaults).
+``--only fingerprint`` runs the fingerprint rows alone, ``--only fingerprint-cpu`` the in-process ones (about 10 min on 2 busy cores with the defaults).
 """
 
 from __future__ import annotations
@@ -15,11 +18,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
 from resilience.bench.experiment import run_experiment
-from resilience.record.events import read_events
+from resilience.record.events import EventLog, read_events
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 BASE = ["workload=gpt_tiny", "world_size=2", "checkpoint.every=10"]
 DEFAULT = "process_exit,heartbeat,collective_timeout,nonfinite,straggler,gpu_health,ckpt_integrity"
@@ -35,6 +47,47 @@ def step_period_s(run_dir: Path) -> float:
 
 def coverage(run_dir: Path) -> dict | None:
     return next((e for e in read_events(run_dir) if e["kind"] == "fingerprint_coverage"), None)
+
+
+def cpu_cost(workload: str, steps: int = 12) -> dict:
+    """CPU seconds of a step and of the fingerprint's work for it, in this process (medians after 2 warm-up steps)."""
+    torch.set_num_threads(1)
+    wl = instantiate(OmegaConf.load(CONF / "workload" / f"{workload}.yaml"), seed=0)
+    model = wl.build_model()
+    state = TrainState(model, wl.build_optimizer(model))
+    det = instantiate(OmegaConf.load(CONF / "detector" / "replica_fingerprint.yaml"))
+    with tempfile.TemporaryDirectory() as tmp:
+        det.attach(RankRuntime(rank=1, world_size=2, device=torch.device("cpu"), run_dir=Path(tmp),
+                               ckpt_dir=Path(tmp), events=EventLog(Path(tmp), 1, 0)), state)
+    step_s, check_s = [], []
+    for step in range(steps):
+        c0 = time.thread_time()
+        wl.loss(model, wl.batch(step, 0, torch.device("cpu"))).backward()
+        c1 = time.thread_time()
+        det.on_backward(step, 0.0, None)
+        c2 = time.thread_time()
+        state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        c3 = time.thread_time()
+        det.fingerprint(step + 1)
+        c4 = time.thread_time()
+        step_s.append((c1 - c0) + (c3 - c2))
+        check_s.append((c2 - c1) + (c4 - c3))
+    return {"step_s": statistics.median(step_s[2:]), "check_s": statistics.median(check_s[2:]),
+            "coverage_checks": det.coverage_checks(), "slice_bytes": det.slice_bytes, "every": det.every}
+
+
+def cpu_rows(workloads: list[str]) -> None:
+    print(f"\nreplica_fingerprint in one process, CPU time (one torch thread), median of 10 steps; load "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(f"{'workload':10s} {'step ms':>8s} {'check ms':>8s} {'overhead':>9s} {'goal':>6s} {'every':>5s} "
+          f"{'slice MB':>8s} {'coverage: checks':>16s} {'steps':>6s}")
+    for workload in workloads:
+        c = cpu_cost(workload)
+        over = 100 * c["check_s"] / c["step_s"] / c["every"]
+        print(f"{workload:10s} {c['step_s'] * 1e3:8.2f} {c['check_s'] * 1e3:8.3f} {over:+8.2f}% "
+              f"{'MET' if over <= 2 else 'MISSED':>6s} {c['every']:>5} {c['slice_bytes'] / 1e6:8.1f} "
+              f"{c['coverage_checks']:>16} {c['coverage_checks'] * c['every']:>6}", flush=True)
 
 
 def fingerprint_rows(root: Path, workloads: list[str], pairs: int) -> None:
@@ -72,11 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pairs", type=int, default=3, help="with/without-fingerprint run pairs per workload")
     ap.add_argument("--workloads", nargs="+", default=list(FP_STEPS), choices=list(FP_STEPS))
     ap.add_argument("--clean-runs", type=int, default=10, help="fault-free runs for the false-alarm count")
-    ap.add_argument("--only", choices=["fingerprint"], help="run only these rows")
+    ap.add_argument("--only", choices=["fingerprint", "fingerprint-cpu"], help="run only these rows")
     args = ap.parse_args(argv)
     root = Path(args.out) / time.strftime("%Y-%m-%d_%H-%M-%S")
 
-    if args.only != "fingerprint":
+    if args.only is None:
         kill = run_experiment(root / "kill", [*BASE, "seed=0", "steps=30", "fault=kill", "fault.at_step=13"])
         print(f"process exit: detected by {kill['detector']} in {kill['detection_latency_s']:.3f} s "
               f"(target <= 1 s), blamed rank {kill['detected_rank']} (injected {kill['fault_rank']})", flush=True)
@@ -85,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"hang (stall): detected by {hang['detector']} in {hang['detection_latency_s']:.3f} s "
               f"(target <= 2 + 1 s), blamed rank {hang['detected_rank']} (injected {hang['fault_rank']})", flush=True)
 
+    cpu_rows(args.workloads)
+    if args.only == "fingerprint-cpu":
+        return
     fingerprint_rows(root, args.workloads, args.pairs)
     if args.only == "fingerprint":
         return
