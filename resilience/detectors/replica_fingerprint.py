@@ -16,7 +16,7 @@ What a check reads, so that its cost follows what the step touched and not the s
    the check's number only, so every rank (a replacement included) reads the same bytes.
 
 Coverage: every byte of the state has been read within ``coverage_checks`` checks (``ceil(rest / slice)``), i.e.
-``coverage_checks x every`` steps; the rank emits it (``fingerprint_coverage``) when it attaches. A corrupted byte
+``coverage_checks x every`` steps; rank 0 emits it (``fingerprint_coverage``) at its first check. A corrupted byte
 stays different on its replica, so it is found within that many checks, or at once if a step touches it first. On
 the dense models the slice is half the parameters' bytes: a quarter of AdamW's two moments, found within 4 checks;
 on ``dlrm_emb`` (1.1 GB of tables and Adagrad sums, ~3,600 rows touched per step) 2 MB per check, every byte within
@@ -112,11 +112,7 @@ class ReplicaFingerprint(Detector):
         self._sparse = [p for p in self._params if id(p) in sparse]
         self.slice_bytes = max(int(self.slice_share * sum(nbytes(p) for p in self._dense)),
                                int(self.slice_min_mb * 1e6)) // 8 * 8
-        if rt.rank == 0:
-            rest = sum(nbytes(t) for t in self._rest())
-            rt.events.emit("fingerprint_coverage", every=self.every, slice_bytes=self.slice_bytes,
-                           rest_bytes=rest, coverage_checks=self.coverage_checks(),
-                           coverage_steps=self.coverage_checks() * self.every)
+        self._stated = rt.rank != 0  # rank 0 states the coverage at its first check (Adam's state exists then)
 
     def coverage_checks(self) -> int:
         """Checks until every byte of the state has been read (the optimizer's state as it is now: an optimizer
@@ -157,6 +153,12 @@ class ReplicaFingerprint(Detector):
         if position % self.every:
             return []
         mine = self.fingerprint(position)
+        if not self._stated:
+            self._stated = True
+            checks = self.coverage_checks()
+            self.rt.events.emit("fingerprint_coverage", every=self.every, slice_bytes=self.slice_bytes,
+                                rest_bytes=sum(nbytes(t) for t in self._rest()), coverage_checks=checks,
+                                coverage_steps=checks * self.every)
         gathered = [torch.empty_like(mine) for _ in range(self.rt.world_size)]
         dist.all_gather(gathered, mine)
         prints = [tuple(g.tolist()) for g in gathered]
