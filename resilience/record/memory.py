@@ -42,6 +42,30 @@ def _pss_bytes(pid: int) -> int:
     return 0
 
 
+def tree_shm_bytes(root: int, shm: str = "/dev/shm/") -> int:
+    """Bytes of the distinct ``/dev/shm`` files that ``root`` or a descendant maps now (tmpfs: host RAM, which a
+    strategy's snapshots hold; their mapped pages are also in the PSS, split between the processes mapping them)."""
+    files, todo, seen = set(), [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            files |= {line.split(None, 5)[5].removesuffix(" (deleted)") for line in
+                      (PROC / str(pid) / "maps").read_text().splitlines() if shm in line}
+        except (OSError, IndexError):
+            pass
+        todo += _children(pid)
+    total = 0
+    for name in files:
+        try:
+            total += os.stat(name).st_blocks * 512  # allocated, not apparent: a sparse area holds no RAM yet
+        except OSError:  # removed since (a node wipe, the end of the run)
+            pass
+    return total
+
+
 def tree_pss_bytes(root: int) -> int:
     """The PSS of ``root`` and every descendant, now."""
     total, todo, seen = 0, [root], set()
@@ -58,9 +82,10 @@ def tree_pss_bytes(root: int) -> int:
 class MemorySampler:
     """Samples the tree's PSS every ``interval_s`` in a daemon thread; ``stop()`` returns the peak and the count."""
 
-    def __init__(self, interval_s: float = 0.5, root: int | None = None) -> None:
-        self.interval_s, self.root = interval_s, root or os.getpid()
+    def __init__(self, interval_s: float = 0.5, root: int | None = None, shm: bool = False) -> None:
+        self.interval_s, self.root, self.shm = interval_s, root or os.getpid(), shm
         self.peak, self.samples = 0, 0
+        self.shm_peak = 0  # of tree_shm_bytes, when ``shm`` (reading every process's maps costs ~ms a sample)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
 
@@ -72,6 +97,8 @@ class MemorySampler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, tree_pss_bytes(self.root))
+            if self.shm:
+                self.shm_peak = max(self.shm_peak, tree_shm_bytes(self.root))
             self.samples += 1
             self._stop.wait(self.interval_s)
 

@@ -11,7 +11,6 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
 
 from resilience.runtime import PhaseHook
 from resilience.state import TrainState
@@ -49,6 +48,9 @@ class SyncCheckpoint(CheckpointStrategy):
 
     def writes_through_checkpoint_fs(self) -> bool:
         return True
+
+    def handles_sharded_state(self) -> bool:
+        return True  # DCP writes each rank's DTensor shards and reshards on load
 
     def attach(self, rt) -> None:
         super().attach(rt)
@@ -112,7 +114,7 @@ class SyncCheckpoint(CheckpointStrategy):
         dist.broadcast_object_list(shared, src=0)  # what rank 0 checked is what every rank verifies
         record = shared[0]
         buffers, reason = {}, None
-        fs = self.rt.ckpt_fs or FileSystem()
+        fs = self.rt.ckpt_fs  # None: plain files, mapped
         try:
             for name, size in record["files"].items():
                 buffers[name] = read_verified(fs, entry.path / name, size, record["crc32"][name])
