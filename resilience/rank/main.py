@@ -68,6 +68,19 @@ def agreed_attempt(local: int, device: torch.device) -> int:
 
 
 def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
+    """Run this rank's attempts as the recovery policy runs them: one per process, or several in it (NVRx's
+    in-process restart, ``recovery=nvrx_inprocess``); an attempt records why it failed before this process exits."""
+    policy = prepared.roles.policy if prepared else instantiate(cfg.recovery)
+    try:
+        # A spare's prepared model serves its first attempt only: a restart in the process builds afresh.
+        policy.run_attempts(lambda again: run_attempt(cfg, None if again else prepared), Path(cfg.run_dir))
+    except RecoveryRequested as req:  # a detector found corrupt state: the supervisor restarts the ranks
+        sys.exit(RECOVERY_EXIT if req.reaction in ("restart", "rollback") else 1)
+    except Exception:  # the supervisor sees the failure
+        sys.exit(1)
+
+
+def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
@@ -119,16 +132,16 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
             strategy.close()
             injector.cleanup()
         dist.destroy_process_group()
-    except RecoveryRequested as req:  # a detector found corrupt state: the supervisor restarts the ranks
+    except RecoveryRequested as req:
         events.emit("recovery_requested", reaction=req.reaction, detector=req.detection.detector,
                     rollback_to=req.detection.rollback_to, fsync=True)
-        sys.exit(RECOVERY_EXIT if req.reaction in ("restart", "rollback") else 1)
-    except Exception as exc:  # record why this rank stopped, then fail the process so the supervisor sees it
+        raise
+    except Exception as exc:  # record why this rank stopped, then fail the attempt
         if detectors is not None and hasattr(detectors, "rt"):
             detectors.on_exception(exc)
         events.emit("rank_error", error=f"{type(exc).__name__}: {exc}"[:2000], fsync=True)
         traceback.print_exc()
-        sys.exit(1)
+        raise
     finally:
         events.close()
 
