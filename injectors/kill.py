@@ -1,7 +1,10 @@
-"""Process death: a real signal delivered to the rank's own process (or a plain exit with a code).
+"""Process death: a real signal delivered to the rank's own process (or a plain exit with a code), or a software
+error that the process could survive: ``signal=exception`` raises inside the training step.
 
 ``kill`` stands for the most common interruptions at scale, a GPU, host or software failure that takes a rank
-down ("Faulty GPU" alone was 148 of Llama 3 405B's 419 unexpected interruptions).
+down ("Faulty GPU" alone was 148 of Llama 3 405B's 419 unexpected interruptions). The raised error is what an
+in-process restart (NVRx's, ``recovery=nvrx_inprocess``) can recover without a new process; under every other
+recovery it fails the rank's process like any uncaught error.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ from typing import Any
 from injectors.base import Injector
 from resilience.checks import require_int
 
-SIGNALS = ("SIGKILL", "SIGTERM", "SIGSEGV", "SIGABRT", "exit")
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGSEGV", "SIGABRT", "exit", "exception")
+STEP_PHASES = ("before_forward", "before_optimizer_step")  # where an error raised is the training loop's own
+
+
+class InjectedError(Exception):
+    """The error ``signal=exception`` raises. Not a ``RuntimeError``: the loop takes those for a failed collective
+    (a lost peer), which this is not."""
 
 
 class Kill(Injector):
@@ -24,6 +33,9 @@ class Kill(Injector):
         if signal not in SIGNALS:
             raise ValueError(f"fault.signal={signal}: must be one of {', '.join(SIGNALS)}")
         require_int("fault.exit_code", exit_code, 1, 255)
+        if signal == "exception" and self.phase not in STEP_PHASES:  # a save may write in a background thread
+            raise ValueError(f"fault.phase={self.phase}: fault.signal=exception raises in the training step; "
+                             f"use fault.phase={' or '.join(STEP_PHASES)}")
         self.signal, self.exit_code = signal, exit_code
 
     def _plan_detail(self, step: int) -> dict[str, Any]:
@@ -31,6 +43,8 @@ class Kill(Injector):
                 "pid": os.getpid()}
 
     def _act(self, step: int) -> None:
+        if self.signal == "exception":
+            raise InjectedError(f"fault=kill fault.signal=exception: rank {self.rank} raised at step {step}")
         die(self.signal, self.exit_code)
 
 

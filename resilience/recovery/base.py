@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable
 
 from resilience.checks import require_int
 from resilience.named import Named
@@ -22,3 +24,9 @@ class RecoveryPolicy(Named):
 
     def __init__(self, max_restarts: int) -> None:
         self.max_restarts = require_int("recovery.max_restarts", max_restarts, 0)
+
+    def run_attempts(self, attempt: Callable[[bool], None], run_dir: Path) -> None:
+        """Run this rank's training attempts in this process: ``attempt(again)`` trains once (``again``: not the
+        process's first); a failure raises out of it. Here: one attempt, a failure ends the process (the supervisor
+        restarts it). NVRx's in-process restart runs it again in the same process."""
+        attempt(False)
