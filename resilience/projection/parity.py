@@ -1,51 +1,45 @@
-"""Model validation: predict each measured run's goodput from its own costs and the injected fault rate.
+"""The run-level model of goodput, and its measurement: what a run's events say each cost was.
 
-``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs a small set of real experiments
-(gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate),
-measures every cost from each run's ``events.jsonl``, predicts the run's goodput and writes ``parity.csv`` and
-``parity.png`` (predicted vs measured, with the y = x line) into DIR (default ``results/parity``). The model and its
-assumptions are in docs/projection.md, "Validation against measured runs".
+``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` is the out-of-sample validation of
+:mod:`resilience.projection.holdout` (costs fitted on some runs predict others); this module holds what it builds
+on: the model (pure functions), the measurement of one run (:func:`measure`) and the experiments (:class:`RunSpec`,
+gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate). The
+model and its assumptions are in docs/projection.md, "Validation against measured runs".
 
-Both sides use the definition of ``resilience/record/metrics.py``: goodput = (sum of the durations of the steps that
-survived, each step once) / (wall time from the supervisor's ``launch`` to ``supervisor_end``). The prediction
-decomposes that wall time (all costs in seconds, measured on the run, the fault count from the rate)::
+Both sides use the definitions of ``resilience/record/metrics.py``: goodput = (sum of the durations of the steps
+that survived, each step once) / (wall time from the supervisor's ``launch`` to ``supervisor_end``); ETTR = the
+same over the first step's start to the last step's end. The prediction decomposes that wall time (seconds)::
 
-    W = T_start + N t_w + n_c C + K (R + l t_w) + T_end,      G = N t_d / W
+    W = T_start + N t_w + n_c C + K (R + l t_w) + T_end,      G = N t_d / W,      ETTR = N t_d / (W - T_start - T_end)
 
 N steps of wall time t_w each (the step's own duration t_d plus the loop's overhead around it), n_c = floor((N-1)
 / every) blocking checkpoints of stall C (the final state is not saved), K faults, each costing R (fault ->
 detection -> restart -> load -> first step of the next attempt) plus the replay of l lost steps, the start-up
 T_start (launch -> first step) and the tear-down T_end (last step -> supervisor_end). From the rate: K = E[min(
 Binomial(n, p), count)] over the n candidate steps, l = the mean of (s mod every) over them (a kill before step
-s + 1 loses the steps since the checkpoint at or before s). This is the closed form of
-:mod:`resilience.projection.goodput` to first order in the failure rate, with two differences that the injector
-imposes: a planned fault fires once, at a *new* step, so failures strike only during first-time compute (never
-during checkpoints, recoveries or replays: no e^{-lam R} factor), and the run is finite (start-up, tear-down, an
-exact checkpoint count). Reported next to it: the prediction from the seeded plan's own K and lost steps (a
-closure test), the prediction from the rate with costs measured on other runs, and the unmodified closed form
-(failures in wall time, M = t_w / p).
+s + 1 loses the steps since the checkpoint at or before s). From the seeded plan (known before the run): its K and
+lost steps. This is the closed form of :mod:`resilience.projection.goodput` to first order in the failure rate,
+with two differences that the injector imposes: a planned fault fires once, at a *new* step, so failures strike
+only during first-time compute (never during checkpoints, recoveries or replays: no e^{-lam R} factor), and the run
+is finite (start-up, tear-down, an exact checkpoint count). :func:`predict_closed_form` is the unmodified closed
+form (failures in wall time, M = t_w / p), for comparison.
 """
 
 from __future__ import annotations
 
-import argparse
-import io
 import json
 import math
 import shutil
 import sys
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 
 from resilience import child
 from resilience.plan import fault_plan
 from resilience.record.events import read_events
-from resilience.record.fsio import atomic_write_bytes
 from resilience.projection.goodput import predicted_goodput
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +82,13 @@ def predicted_run_goodput(costs: RunCosts, faults: float, lost_steps: float) -> 
     return costs.steps * costs.step_s / predicted_wall_s(costs, faults, lost_steps)
 
 
+def predicted_run_ettr(costs: RunCosts, faults: float, lost_steps: float) -> float:
+    """ETTR as metrics.py defines it: the same productive time over the first step's start to the last step's end
+    (the wall time without start-up and tear-down)."""
+    window = predicted_wall_s(costs, faults, lost_steps) - costs.startup_s - costs.teardown_s
+    return costs.steps * costs.step_s / window
+
+
 def fault_candidates(steps: int, at_step: int = AT_STEP) -> range:
     """Steps at which a ``fault.probability`` plan may fire (``before_forward``: s steps done, s in [at, N))."""
     return range(at_step, steps)
@@ -128,6 +129,8 @@ class RatePrediction:
     high: float        # 90% quantile
     faults: float      # expected fault count
     lost_per_fault: float
+    faults_low: float = 0.0   # the fault count at the 10% quantile (it gives ``high``)
+    faults_high: float = 0.0  # at the 90% quantile (it gives ``low``)
 
 
 def predict_from_rate(costs: RunCosts, probability: float, count: int, at_step: int = AT_STEP,
@@ -142,7 +145,7 @@ def predict_from_rate(costs: RunCosts, probability: float, count: int, at_step: 
     # More faults, lower goodput: the goodput quantiles are the fault count's quantiles in reverse.
     k_hi, k_lo = (min(binomial_quantile(len(cands), probability, q), count) for q in band)
     return RatePrediction(mean, predicted_run_goodput(costs, k_lo, k_lo * lost),
-                          predicted_run_goodput(costs, k_hi, k_hi * lost), k_mean, lost)
+                          predicted_run_goodput(costs, k_hi, k_hi * lost), k_mean, lost, k_hi, k_lo)
 
 
 def predict_from_plan(costs: RunCosts, plan: Sequence[int]) -> float:
@@ -188,7 +191,7 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
         "startup_s": begin[id(step_ends[0])] - launch["t_mono"],
         "teardown_s": end["t_mono"] - final[-1]["t_mono"],
         "recoveries_s": recoveries, "faults": faults, "lost_steps": lost,
-        "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"],
+        "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"], "measured_ettr": result["ettr"],
     }
 
 
@@ -262,10 +265,6 @@ class RunSpec:
         return fault_plan("kill", self.seed, AT_STEP, self.steps, self.probability, self.count)
 
 
-# Fault-free and three rates at two checkpoint intervals; the two intervals use different seeds (different plans).
-FULL = [RunSpec(every, p, seed, 80) for every, seed in ((5, 0), (10, 1)) for p in (0.0, 0.02, 0.05, 0.1)]
-QUICK = [RunSpec(5, 0.0, 0, 40), RunSpec(5, 0.05, 2, 40), RunSpec(10, 0.1, 1, 40)]
-
 
 def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
     """``python -m resilience`` for one spec in its own process group (``resilience.child``)."""
@@ -278,146 +277,10 @@ def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
         raise RuntimeError(f"{spec.name}: exit {done.returncode}: {done.stderr[-800:]}")
 
 
-def predict_transfer(spec: RunSpec, reference: dict[str, Any] | None, others_recoveries: Sequence[float]) -> float:
-    """From the rate, with costs measured on *other* runs: the fault-free run of the same interval (step, stall,
-    start-up, tear-down) and the recoveries of the other runs (NaN without them, and for the reference itself)."""
-    if reference is None or reference["run"] == spec.name or (spec.probability > 0 and not others_recoveries):
-        return math.nan
-    r = float(np.mean(others_recoveries)) if spec.probability > 0 else 0.0
-    costs = replace(costs_of(reference, r), steps=spec.steps, every=spec.every)
-    return predict_from_rate(costs, spec.probability, spec.count).goodput
-
-
-def evaluate(specs: Sequence[RunSpec], measured: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run: its measured costs and goodput, and the four predictions."""
-    own = [float(np.mean(m["recoveries_s"])) if m["recoveries_s"] else math.nan for m in measured]
-    all_rec = [r for m in measured for r in m["recoveries_s"]]
-    pooled = float(np.mean(all_rec)) if all_rec else math.nan
-    references = {(s.every, s.steps): m for s, m in zip(specs, measured) if s.probability <= 0}
-    rows = []
-    for i, (spec, m, r_own) in enumerate(zip(specs, measured, own)):
-        others = [r for j, o in enumerate(measured) if j != i for r in o["recoveries_s"]]
-        if spec.probability <= 0:
-            r, source = 0.0, "unused"  # no faults: R does not enter any prediction
-        else:
-            r, source = (r_own, "own") if not math.isnan(r_own) else (pooled, "pooled")
-        costs = costs_of(m, r)
-        plan = spec.plan()
-        rate = predict_from_rate(costs, spec.probability, spec.count)
-        rows.append({
-            "label": LABEL, "run": spec.name, "every": spec.every, "probability": spec.probability,
-            "seed": spec.seed, "steps": spec.steps,
-            "expected_faults": rate.faults, "planned_faults": len(plan), "faults": m["faults"],
-            "planned_lost_steps": sum(lost_steps_at(s, spec.every) for s in plan),
-            "lost_steps": sum(m["lost_steps"]),
-            **{k: v for k, v in asdict(costs).items() if k not in ("steps", "every")},
-            "stall_metric_s": m["stall_metric_s"], "recovery_source": source,
-            "wall_s": m["wall_s"], "predicted_wall_plan_s": predicted_wall_s(
-                costs, len(plan), sum(lost_steps_at(s, spec.every) for s in plan)),
-            "measured_goodput": m["measured_goodput"],
-            "predicted_goodput": rate.goodput, "predicted_low": rate.low, "predicted_high": rate.high,
-            "predicted_plan": predict_from_plan(costs, plan),
-            "predicted_closed_form": predict_closed_form(costs, spec.probability),
-            "predicted_transfer": predict_transfer(spec, references.get((spec.every, spec.steps)), others),
-        })
-    return pd.DataFrame(rows)
-
-
-def mae(frame: pd.DataFrame, column: str) -> float:
-    """Mean absolute error of one prediction column against the measured goodput (rows without it skipped)."""
-    return float((frame[column] - frame["measured_goodput"]).abs().mean(skipna=True))
-
-
-def parity_figure(frame: pd.DataFrame):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    colors = dict(zip(sorted(frame["every"].unique()), sns.color_palette("colorblind", 4)))
-    fig, ax = plt.subplots(figsize=(7, 6.5))
-    lo = min(frame[["measured_goodput", "predicted_goodput", "predicted_closed_form", "predicted_low"]].min()) - 0.03
-    hi = max(frame[["measured_goodput", "predicted_goodput", "predicted_high"]].max()) + 0.03
-    ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
-    for every, rows in frame.groupby("every"):
-        c = colors[every]
-        ax.errorbar(rows["predicted_goodput"], rows["measured_goodput"],
-                    xerr=[rows["predicted_goodput"] - rows["predicted_low"],
-                          rows["predicted_high"] - rows["predicted_goodput"]],
-                    fmt="o", color=c, ms=7, capsize=3, label=f"every {every}: from the rate (10-90% band)")
-        ax.scatter(rows["predicted_plan"], rows["measured_goodput"], facecolors="none", edgecolors=c, s=90,
-                   marker="s", label=f"every {every}: from the seeded plan")
-        ax.scatter(rows["predicted_transfer"], rows["measured_goodput"], facecolors="none", edgecolors=c, s=60,
-                   marker="^", label=f"every {every}: from the rate, other runs' costs")
-        ax.scatter(rows["predicted_closed_form"], rows["measured_goodput"], color=c, marker="x", s=45,
-                   label=f"every {every}: closed form as is (failures in wall time)")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
-    ax.set_xlabel("predicted goodput (model)")
-    ax.set_ylabel("measured goodput (result.json)")
-    ax.set_title("model validation: predicted vs measured goodput\n"
-                 f"gpt_tiny, 2 ranks, sync, kill at rate p; {len(frame)} runs; MAE rate "
-                 f"{mae(frame, 'predicted_goodput'):.3f}, plan {mae(frame, 'predicted_plan'):.3f}, "
-                 f"other runs' costs {mae(frame, 'predicted_transfer'):.3f}, "
-                 f"closed form {mae(frame, 'predicted_closed_form'):.3f}", fontsize=8)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def write_outputs(frame: pd.DataFrame, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / "parity.csv", frame.to_csv(index=False, float_format="%.6g").encode())
-    fig = parity_figure(frame)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130)
-    atomic_write_bytes(out / "parity.png", buf.getvalue())
-
-
-def table(frame: pd.DataFrame) -> str:
-    cols = {"run": "run", "expected_faults": "E[K]", "planned_faults": "K plan", "faults": "K", "lost_steps": "lost",
-            "step_s": "t_d", "stall_s": "C", "startup_s": "T0", "recovery_s": "R", "wall_s": "wall",
-            "measured_goodput": "measured", "predicted_goodput": "rate", "predicted_low": "lo",
-            "predicted_high": "hi", "predicted_plan": "plan", "predicted_transfer": "other",
-            "predicted_closed_form": "closed"}
-    return frame[list(cols)].rename(columns=cols).to_string(index=False, float_format=lambda v: f"{v:.3f}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m resilience.projection.parity", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "parity", help="output directory")
-    parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} short runs instead of {len(FULL)}")
-    parser.add_argument("--timeout-s", type=float, default=240, help="limit per run")
-    parser.add_argument("--reuse", action="store_true",
-                        help="re-score run directories that already hold a result.json instead of rerunning them")
-    args = parser.parse_args(argv)
-    specs = QUICK if args.quick else FULL
-    out = args.out.resolve()
-    measured = []
-    t0 = time.monotonic()
-    for i, spec in enumerate(specs, 1):
-        t = time.monotonic()
-        if not (args.reuse and (out / "runs" / spec.name / "result.json").exists()):
-            run_one(spec, out / "runs" / spec.name, args.timeout_s)
-        measured.append(measure(out / "runs" / spec.name))
-        print(f"[parity] {i}/{len(specs)} {spec.name}: {measured[-1]['faults']} fault(s), goodput "
-              f"{measured[-1]['measured_goodput']:.3f} ({time.monotonic() - t:.0f} s)", flush=True)
-    frame = evaluate(specs, measured)
-    write_outputs(frame, out)
-    print(table(frame))
-    print(f"MAE (from the rate): {mae(frame, 'predicted_goodput'):.4f}   "
-          f"MAE (from the seeded plan): {mae(frame, 'predicted_plan'):.4f}   "
-          f"MAE (from the rate, other runs' costs): {mae(frame, 'predicted_transfer'):.4f}   "
-          f"MAE (closed form, failures in wall time): {mae(frame, 'predicted_closed_form'):.4f}")
-    faulty = frame[frame["probability"] > 0]  # fault-free runs have a band of width 0
-    g = faulty["measured_goodput"]
-    inside = (g >= faulty["predicted_low"]) & (g <= faulty["predicted_high"])
-    print(f"measured inside the rate prediction's 10-90% band: {int(inside.sum())} of the {len(faulty)} runs with "
-          f"a fault rate")
-    print(f"{len(specs)} runs in {time.monotonic() - t0:.0f} s; wrote {out / 'parity.csv'} and {out / 'parity.png'}")
-    return 0
+    """The command: the out-of-sample validation of :mod:`resilience.projection.holdout`."""
+    from resilience.projection import holdout  # it builds on this module
+    return holdout.main(argv)
 
 
 if __name__ == "__main__":
