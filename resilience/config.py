@@ -126,6 +126,27 @@ def _resolved(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"{key}={shown}: {reason}" if key else reason) from None
 
 
+def on_this_node(cfg: DictConfig, local_ranks: int) -> DictConfig:
+    """``device``, ``backend`` and ``threads_per_rank`` given a value on the machine that runs the ranks: ``auto``
+    is CUDA where a device is, its backend, and this machine's cores shared by its ``local_ranks``. The local
+    supervisor resolves them for its ranks; a config prepared for torchrun across nodes keeps ``auto``, and each
+    rank resolves it on its own node at start (a CPU login node must not decide for GPU nodes)."""
+    device, backend, threads = cfg.device, cfg.backend, cfg.threads_per_rank
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu or device=auto")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise ConfigError("backend=nccl: needs device=cuda; use backend=gloo on CPU")
+    if threads == "auto":
+        threads = max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+    with open_dict(cfg):
+        cfg.device, cfg.backend, cfg.threads_per_rank = device, backend, threads
+    return cfg
+
+
 def _auto_fault_step(cfg: DictConfig) -> int:
     """``fault.at_step=auto``: three steps after the second checkpoint (13 with every=5: work is lost, and an
     older checkpoint exists), or the middle of a run too short for that; at a checkpoint step when the fault
@@ -157,25 +178,16 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     keep = OmegaConf.select(cfg, "checkpoint.keep_after_run")
     if keep not in ("auto", True, False):
         raise ConfigError(f"checkpoint.keep_after_run={keep}: allowed: auto, true, false")
-    device = _choice(cfg, "device", ("auto", "cpu", "cuda"))
-    backend = _choice(cfg, "backend", ("auto", "gloo", "nccl"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu or device=auto")
-    if backend == "auto":
-        backend = "nccl" if device == "cuda" else "gloo"
-    if backend == "nccl" and device != "cuda":
-        raise ConfigError("backend=nccl: needs device=cuda; use backend=gloo on CPU")
-    threads = cfg.threads_per_rank
-    if threads == "auto":
-        threads = max(1, (os.cpu_count() or 1) // world)
+    _choice(cfg, "device", ("auto", "cpu", "cuda"))
+    _choice(cfg, "backend", ("auto", "gloo", "nccl"))
+    if cfg.supervisor.launcher != "external":  # across nodes, each rank's node decides at start (on_this_node)
+        cfg = on_this_node(cfg, local_ranks=world)
     with open_dict(cfg):
-        cfg.device, cfg.backend, cfg.threads_per_rank = device, backend, threads
         cfg.run_dir = str(run_dir)
         cfg.checkpoint.dir = str(Path(cfg.checkpoint.dir or run_dir / "ckpt").resolve())
         cfg.choices = choices
-    _integer(cfg, "threads_per_rank", 1)
+    if cfg.threads_per_rank != "auto":
+        _integer(cfg, "threads_per_rank", 1)
     _check_local_ranks(cfg, world)
     _check_checkpoint_dir(Path(cfg.checkpoint.dir))
     roles = build_roles(cfg)  # every role validates its own settings where it is built
