@@ -75,6 +75,9 @@ def _check_together(cfg: DictConfig, roles: Roles) -> None:
                          f"the local supervisor across rank restarts (see its option file); use "
                          f"supervisor.launcher=local")
     if strategy.recovers_in_place:
+        if roles.policy.restarts_in_process:  # both would re-form the group after a failure, each its own way
+            raise ValueError(f"recovery={roles.policy.name}: restarts every rank's training in its process; "
+                             f"strategy={strategy.name} recovers in place itself; use recovery=restart")
         if roles.policy.on_silent == "rollback":
             raise ValueError(f"recovery={roles.policy.name}: strategy={strategy.name} keeps no "
                              f"checkpoint to roll back to; use recovery=restart or recovery=fail")

@@ -18,6 +18,7 @@ class RecoveryPolicy(Named):
     """
 
     on_silent: str = "record"
+    restarts_in_process: bool = False  # True: ``run_attempts`` trains again in the same processes after a failure
 
     def react(self, detection) -> str:
         return self.on_silent if detection.silent else "record"

@@ -38,8 +38,10 @@ for the collective timeout (``timeouts.collective_s``) before NVRx can restart i
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import socket
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -68,6 +70,8 @@ class NvrxInprocess(RecoveryPolicy):
     """Restart every rank's training function in its process after an error or a hang (NVRx), at most
     ``max_in_process`` times; a dead process, or a failure past that, falls back to the supervisor's restart of
     every process (``max_restarts``)."""
+
+    restarts_in_process = True
 
     def __init__(self, max_restarts: int = 3, max_in_process: int = 3, soft_timeout_s: float = 60.0,
                  hard_timeout_s: float = 90.0, heartbeat_timeout_s: float = 30.0, barrier_timeout_s: float = 120.0,
@@ -111,6 +115,13 @@ class NvrxInprocess(RecoveryPolicy):
 
         from resilience.recovery.nvrx_hooks import EndOnLostRank, Iteration, ShutGlooSockets, Verdict
 
+        # NVRx logs through the nearest stream handler above its logger (none: "logs are disabled"): the rank's
+        # stderr, which is its log file.
+        library_log = logging.getLogger("nvidia_resiliency_ext")
+        if not library_log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+            library_log.addHandler(handler)
         rank = int(os.environ["RANK"])
         shared = ProcessStore(rank, int(os.environ["WORLD_SIZE"]), timedelta(seconds=self.barrier))
         iteration = Iteration()
