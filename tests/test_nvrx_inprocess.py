@@ -5,21 +5,15 @@ two recovered the run."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from tests.conftest import run_cli, run_experiment
 
 
-def _installed() -> bool:
-    try:
-        import nvidia_resiliency_ext.inprocess  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_nvrx = pytest.mark.skipif(not _installed(), reason="nvidia_resiliency_ext is not installed: "
-                                "pip install -e '.[nvrx]'")
+needs_nvrx = pytest.mark.skipif(importlib.util.find_spec("nvidia_resiliency_ext") is None,
+                                reason="nvidia_resiliency_ext is not installed: pip install -e '.[nvrx]'")
 COMMON = ("recovery=nvrx_inprocess", "strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed=0")
 
 
