@@ -192,3 +192,20 @@ def test_settings_replica_cannot_honour_are_one_line(tmp_path, overrides, settin
     done = run_cli("strategy=replica", *overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=100)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and setting in done.stderr and why in done.stderr
+
+
+def test_replace_deadline_is_its_own_setting_or_a_multiple_of_the_measured_rank_start():
+    from resilience.strategies.replica import ReplicaRecovery, measured_rank_start_s
+
+    events = [{"kind": "launch", "rank": None, "t_mono": 100.0, "attempt": 0},
+              {"kind": "run_start", "rank": 0, "t_mono": 103.0, "attempt": 0},
+              {"kind": "run_start", "rank": 1, "t_mono": 104.5, "attempt": 0},
+              {"kind": "run_start", "rank": 1, "t_mono": 190.0, "attempt": 1}]  # a replacement: not the start
+    assert measured_rank_start_s(events) == 4.5
+    assert measured_rank_start_s(events[1:]) is None  # no supervisor launch on record
+    assert ReplicaRecovery(1, 1, replace_timeout_s=30).replace_deadline() == {"replace_timeout_s": 30.0,
+                                                                              "replace_basis": "setting"}
+    with pytest.raises(ValueError, match="strategy.replace_timeout_s=-1"):
+        ReplicaRecovery(1, 1, replace_timeout_s=-1)
+    with pytest.raises(ValueError, match="strategy.replace_start_factor=0"):
+        ReplicaRecovery(1, 1, replace_start_factor=0)

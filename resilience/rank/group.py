@@ -63,13 +63,23 @@ class RankGroup:
             dist.init_process_group(self.backend, store=dist.PrefixStore(f"gen{self.generation}/", self.store),
                                     rank=self.rank, world_size=self.world_size, timeout=self.timeout)
 
-    def rejoin(self, error: BaseException) -> int:
+    def rejoin(self, error: BaseException, replace_timeout_s: float | None = None) -> int:
         """After ``error`` in a collective: wait for the supervisor to open a newer generation, form it, return it.
 
         Re-raises ``error`` when this process cannot stay (no replacing supervisor), or when no new generation
         opens within the collective timeout: then the error was not a lost peer, and this rank fails for real.
+        With ``replace_timeout_s`` the wait for the replacements is a deadline of its own (``TimeoutError`` when
+        they are not forming the group by then); the group then forms within the collective timeout.
         """
         self.generation = self._next_generation(error)
+        if replace_timeout_s is not None:
+            failed = json.loads(self.store.get(failed_key(self.generation)))
+            deadline = time.monotonic() + replace_timeout_s
+            while not self.replacements_ready(failed):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the replacement of rank(s) {failed} did not join generation "
+                                       f"{self.generation} within {replace_timeout_s:.1f} s")
+                time.sleep(0.02)
         self.join()
         return self.generation
 

@@ -16,16 +16,25 @@ fails, and says so). What the survivors do while the replacement starts is ``str
   gradients are averaged over the survivors only: the global batch of those steps is smaller (the dead rank's
   shards are skipped, not redistributed), as in torchft. The trajectory therefore differs from the fault-free run
   by design (``bit_exact`` says so in ``result.json``); what is checked is that every replica ends in the same state.
+
+How long the survivors wait for a replacement is a deadline of its own, ``strategy.replace_timeout_s``, not the
+collective timeout: a replacement must start an interpreter, import torch and build its roles, which on a busy host
+takes far longer than any collective should. ``auto`` sizes it from this run's own measured rank start
+(the supervisor's ``launch`` -> the slowest first-generation ``run_start``: the same work, on the same host under the
+same load, as the probe's ``rank_start_s``) times ``strategy.replace_start_factor``. A replacement that misses it
+ends the survivor with a ``replacement_too_slow`` event naming the deadline and its basis.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from resilience.checks import require_choice
+from resilience.checks import require_choice, require_number
+from resilience.record.events import read_events
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.transfer import reconcile
@@ -40,9 +49,15 @@ class ReplicaRecovery(CheckpointStrategy):
     def keeps_world_group(self) -> bool:
         return self.while_replacing == "wait"  # continue: the survivors train on in a group of their own
 
-    def __init__(self, every: int, keep: int, while_replacing: str = "wait") -> None:
+    def __init__(self, every: int, keep: int, while_replacing: str = "wait", replace_timeout_s: float | str = "auto",
+                 replace_start_factor: float = 10.0) -> None:
         super().__init__(every, keep)
         self.while_replacing = require_choice("strategy.while_replacing", while_replacing, MODES)
+        if replace_timeout_s != "auto":
+            replace_timeout_s = require_number("strategy.replace_timeout_s", replace_timeout_s, above=0)
+        self.replace_timeout_s = replace_timeout_s
+        self.replace_start_factor = require_number("strategy.replace_start_factor", replace_start_factor, above=0)
+        self._deadline: dict[str, Any] | None = None  # computed at the first fault
         self._replacing: list[int] | None = None  # at reduced width: the ranks being replaced
         self._state: TrainState | None = None
 
@@ -65,7 +80,9 @@ class ReplicaRecovery(CheckpointStrategy):
         """A survivor: re-form the group (with the replacement, or without it at reduced width), go on."""
         rt = self.rt
         t0 = time.monotonic()
-        rt.events.emit("peer_lost", step=position, error=f"{type(error).__name__}: {error}"[:300], fsync=True)
+        deadline = self.replace_deadline()
+        rt.events.emit("peer_lost", step=position, error=f"{type(error).__name__}: {error}"[:300], fsync=True,
+                       **deadline)
         if self.while_replacing == "continue" and self._replacing is None:
             self._replacing = rt.group.shrink(error)  # re-raises if no replacement comes: this rank fails too
             self._state = state
@@ -78,7 +95,10 @@ class ReplicaRecovery(CheckpointStrategy):
         # wait mode, or a collective failed at reduced width (a survivor or the replacement was lost): wait for the
         # next generation with all of them
         self._replacing = None
-        generation = rt.group.rejoin(error)  # re-raises if no replacement comes: then this rank fails too
+        try:  # re-raises if no new generation opens: then this rank fails too
+            generation = rt.group.rejoin(error, deadline["replace_timeout_s"])
+        except TimeoutError as exc:
+            raise self._too_slow(position, t0, exc) from error
         t_joined = time.monotonic()
         rt.events.attempt = generation  # this process lives on into the new generation (rt.attempt follows)
         return self._heal(state, position, t0, t_joined)
@@ -103,16 +123,40 @@ class ReplicaRecovery(CheckpointStrategy):
         (else it would wait in vain for its group and the run could not end with every replica)."""
         if self._replacing is None:
             return
-        deadline = time.monotonic() + self.rt.group.timeout.total_seconds()
+        t0 = time.monotonic()
         while not self.rt.group.replacements_ready(self._replacing):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"replica: the replacement of rank(s) {self._replacing} did not join within "
-                                   f"{self.rt.group.timeout.total_seconds():.0f} s (timeouts.collective_s)")
+            if time.monotonic() > t0 + self.replace_deadline()["replace_timeout_s"]:
+                raise self._too_slow(self.rt.events.step, t0, TimeoutError(
+                    f"the replacement of rank(s) {self._replacing} did not join at the end of the run"))
             time.sleep(0.02)
         t0 = time.monotonic()
         self._replacing = None
         self.rt.group.regrow()
         self._heal(self._state, self.rt.events.step, t0, time.monotonic())
+
+    def replace_deadline(self) -> dict[str, Any]:
+        """``replace_timeout_s`` in seconds, with its basis: the setting, or ``auto``'s measured rank start x factor."""
+        if self._deadline is None:
+            if self.replace_timeout_s != "auto":
+                self._deadline = {"replace_timeout_s": self.replace_timeout_s, "replace_basis": "setting"}
+            else:
+                start = measured_rank_start_s(read_events(self.rt.run_dir))
+                if start is None:  # no supervisor launch on record: the collective timeout, as before
+                    self._deadline = {"replace_timeout_s": self.rt.group.timeout.total_seconds(),
+                                      "replace_basis": "timeouts.collective_s (no measured rank start)"}
+                else:
+                    self._deadline = {"replace_timeout_s": self.replace_start_factor * start,
+                                      "replace_basis": f"{self.replace_start_factor:g} x measured rank start "
+                                                       f"{start:.2f} s", "rank_start_s": start}
+        return self._deadline
+
+    def _too_slow(self, position: int, t0: float, exc: BaseException) -> RuntimeError:
+        """The recorded outcome of a replacement that missed the deadline; the survivor then fails."""
+        deadline = self.replace_deadline()
+        self.rt.events.emit("replacement_too_slow", step=position, waited_s=time.monotonic() - t0, fsync=True,
+                            **deadline)
+        return RuntimeError(f"replica: {exc} (strategy.replace_timeout_s: {deadline['replace_timeout_s']:.1f} s, "
+                            f"{deadline['replace_basis']}); this survivor gives up")
 
     def _rewrap(self, state: TrainState) -> None:
         state.model = self.rt.wrap_model(state.model.module)  # the old DDP is bound to the broken group
@@ -130,3 +174,11 @@ class ReplicaRecovery(CheckpointStrategy):
             print(f"[rank 0 attempt {rt.group.generation}] rejoined the group at step {done.position} "
                   f"(state from rank {done.source})", flush=True)
         return done.position
+
+
+def measured_rank_start_s(events: list[dict]) -> float | None:
+    """This run's rank start: the supervisor's ``launch`` -> the last first-generation ``run_start`` (every rank has
+    then started an interpreter, imported torch, built its roles and formed the group)."""
+    launch = next((e for e in events if e["kind"] == "launch" and e["rank"] is None), None)
+    starts = [e["t_mono"] for e in events if e["kind"] == "run_start" and e["attempt"] == 0]
+    return max(starts) - launch["t_mono"] if launch and starts else None
