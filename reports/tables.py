@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from reports import stats
+from resilience.record.environment import COLLECT_ENV_SHOWN
 
 BASELINE = "sync"
 # What python -m resilience.bench.probe measures; listed as "not probed" when unknown.
@@ -224,7 +225,9 @@ def inventory(frame: pd.DataFrame) -> pd.DataFrame:
 
 def environment_table(env: dict[str, Any], limits: dict[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
     """Where the numbers were measured, and the physical limits they are compared with ("not probed" if unknown)."""
-    rows = [{"group": "environment", "key": k, "value": v} for k, v in env.items()]
+    rows = [{"group": "environment", "key": k, "value": v} for k, v in env.items() if not isinstance(v, dict)]
+    rows += [{"group": "collect_env", "key": k, "value": v} for k, v in (env.get("collect_env") or {}).items()
+             if k in COLLECT_ENV_SHOWN]  # the rest (package lists, lscpu) stays in environment.json
     probed = bool(limits.get("probed", True)) and any(k in limits for k in LIMIT_KEYS)
     for key in list(LIMIT_KEYS) + sorted(k for k in limits if k not in LIMIT_KEYS and k != "probed"):
         if probed and key in limits:

@@ -122,7 +122,8 @@ def test_run_rule_records_every_outcome_and_leaves_no_process(tmp_path, mode, st
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "events.jsonl").write_text("{}\n")  # a stale, interrupted run
     spec = {"cell": "gpt_tiny-sync-none-seed0", "overrides": ["seed=0"], "params": {"strategy": "sync", "seed": 0}}
-    record = run_cell(run_dir / "done.json", spec, timeout_s=2, command=[sys.executable, "-c", FAKE, str(run_dir), mode])
+    record = run_cell(run_dir / "done.json", spec, timeout_s=2,
+                      command=[sys.executable, "-c", FAKE, str(run_dir), mode])
     assert record["state"] == state and record["error"] == error
     assert json.loads((run_dir / "done.json").read_text()) == record
     assert yaml.safe_load((run_dir / "params.yaml").read_text()) == spec  # the short directory's cell, in full
@@ -214,7 +215,7 @@ def test_smoke_matrix_end_to_end(tmp_path):
     results = tmp_path / "results"
     config = ("--config", "matrix=smoke", f"results={results}")
     started = time.monotonic()
-    done = snakemake("--cores", "2", *config, timeout=270)
+    done = snakemake(*config, timeout=270)  # bare: cores and the rest from profiles/default
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-5000:]
     deadline = time.monotonic() + 10
@@ -224,8 +225,23 @@ def test_smoke_matrix_end_to_end(tmp_path):
     summary = pd.read_csv(results / "summary.csv")
     assert len(summary) == 4 and set(summary["state"]) == {"ok"}, summary[["cell", "state", "error"]]
     assert summary["matches_reference"].tolist() == [True] * 4
+    assert pd.read_parquet(results / "summary.parquet")["cell"].tolist() == summary["cell"].tolist()
+    # One console line per cell (ok, or noisy on a busy machine), then the table of states.
+    shown = re.findall(r"^\[cell\] (\S+): (ok|noisy) \(\d+ s\)$", done.stdout, re.MULTILINE)
+    assert sorted(d for d, _ in shown) == sorted(p.parent.name for p in results.glob("runs/*/done.json")), shown
+    table = r"^cell states:\n(  (ok|noisy)\s+\d\n)+  total\s+4$"
+    assert re.search(table, done.stdout, re.MULTILINE), done.stdout[-2000:]
+    # Where, when and with what each cell ran; the environment is the probe snapshot's, captured once.
+    assert summary["host"].notna().all() and summary["started"].str.match(r"\d{4}-\d\d-\d\dT").all()
+    assert summary["provenance.git_commit"].notna().all() and summary["provenance.torch"].notna().all()
+    for run_dir in map(Path, summary["run_dir"]):
+        assert (run_dir / "params.yaml").exists() and (run_dir / "trace.json").exists()
+        env = run_dir / json.loads((run_dir / "result.json").read_text())["provenance"]["environment"]
+        assert env.resolve().parent.parent == (results / PROBE_DIR).resolve()
+        assert "torch_version" in json.loads(env.read_text())["collect_env"]
     html = (results / "report" / "index.html").read_text()
     assert 'id="projection"' in html and html.count("data:image/png;base64,") >= 7
+    assert html.count('download="trace-') == 2  # a trace under the timeline of each strategy
     assert not list(results.glob("runs/*/ckpt"))  # checkpoint payloads are removed after each run
     print(f"smoke matrix end to end: {elapsed:.0f} s")
 

@@ -1,286 +1,246 @@
-"""The run-level model of goodput, and its measurement: what a run's events say each cost was.
+"""Out-of-sample validation: costs fitted on one set of measured runs predict the goodput and ETTR of other runs.
 
-``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` is the out-of-sample validation of
-:mod:`resilience.projection.holdout` (costs fitted on some runs predict others); this module holds what it builds
-on: the model (pure functions), the measurement of one run (:func:`measure`) and the experiments (:class:`RunSpec`,
-gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate). The
-model and its assumptions are in docs/projection.md, "Validation against measured runs".
+``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` runs two disjoint sets of real
+experiments (gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: kills at a known
+rate, planned from ``fault.seed`` before the run):
 
-Both sides use the definitions of ``resilience/record/metrics.py``: goodput = (sum of the durations of the steps
-that survived, each step once) / (wall time from the supervisor's ``launch`` to ``supervisor_end``); ETTR = the
-same over the first step's start to the last step's end. The prediction decomposes that wall time (seconds)::
+* the **fit** set, at checkpoint intervals 2 and 10 and fault rates 0, 0.05 and 0.1: each run's costs are measured
+  from its ``events.jsonl`` (:func:`resilience.projection.parity.measure`) and pooled into one :class:`Fitted`
+  cost model (step time, loop overhead, checkpoint stall, start-up, tear-down, recovery);
+* the **held-out** set, at other intervals (3, 5, 20) and other rates (0.03, 0.08): from each run only the outcome
+  is read (goodput and ETTR from ``result.json``, the faults that fired); its goodput and ETTR are predicted from
+  the fitted costs with the run's interval, length and fault rate, and the error is reported on these runs only.
 
-    W = T_start + N t_w + n_c C + K (R + l t_w) + T_end,      G = N t_d / W,      ETTR = N t_d / (W - T_start - T_end)
-
-N steps of wall time t_w each (the step's own duration t_d plus the loop's overhead around it), n_c = floor((N-1)
-/ every) blocking checkpoints of stall C (the final state is not saved), K faults, each costing R (fault ->
-detection -> restart -> load -> first step of the next attempt) plus the replay of l lost steps, the start-up
-T_start (launch -> first step) and the tear-down T_end (last step -> supervisor_end). From the rate: K = E[min(
-Binomial(n, p), count)] over the n candidate steps, l = the mean of (s mod every) over them (a kill before step
-s + 1 loses the steps since the checkpoint at or before s). From the seeded plan (known before the run): its K and
-lost steps. This is the closed form of :mod:`resilience.projection.goodput` to first order in the failure rate,
-with two differences that the injector imposes: a planned fault fires once, at a *new* step, so failures strike
-only during first-time compute (never during checkpoints, recoveries or replays: no e^{-lam R} factor), and the run
-is finite (start-up, tear-down, an exact checkpoint count). :func:`predict_closed_form` is the unmodified closed
-form (failures in wall time, M = t_w / p), for comparison.
+Two predictions per held-out run: from its **fault schedule** (the seeded plan, known before the run: its fault
+count and lost steps) and from the **rate** alone (the expected count, with the 10-90% band of the Binomial count).
+The first tests the cost model; the second adds the randomness of a handful of faults (docs/projection.md,
+"Out-of-sample validation"). :func:`score` refuses a held-out run that was also fitted.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
+import io
 import math
-import shutil
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 
-from resilience import child
-from resilience.plan import fault_plan
-from resilience.record.events import read_events
-from resilience.projection.goodput import predicted_goodput
+from resilience.projection.parity import (REPO, RunCosts, RunSpec, lost_steps_at, measure, predict_from_rate,
+                                          predicted_run_ettr, predicted_run_goodput, run_one)
+from resilience.record.fsio import atomic_write_bytes
 
-REPO = Path(__file__).resolve().parents[2]
-AT_STEP = 1  # the first candidate step of the plan (fault.at_step)
-FAULT_RANK = 1
-LABEL = "measured vs model"
+LABEL = "held-out runs: measured vs model"
 
+# Seeds were fixed before any run (never chosen by outcome): a plan with fewer or more faults than expected is
+# part of the sample. The fit set must hold faults (R is fitted from them); 11 and 13 plan 1 and 9 at 80 steps.
+FIT_FULL = [RunSpec(2, 0.0, 10, 80), RunSpec(2, 0.05, 11, 80), RunSpec(10, 0.0, 12, 80), RunSpec(10, 0.1, 13, 80)]
+HELD_OUT_FULL = [RunSpec(5, 0.03, 20, 80), RunSpec(5, 0.08, 21, 80), RunSpec(20, 0.03, 22, 80),
+                 RunSpec(3, 0.08, 23, 80)]
+FIT_QUICK = [RunSpec(2, 0.05, 11, 40), RunSpec(10, 0.1, 13, 40)]
+HELD_OUT_QUICK = [RunSpec(5, 0.03, 20, 40), RunSpec(5, 0.08, 21, 40), RunSpec(20, 0.08, 23, 40)]
 
-# ---------------------------------------------------------------------------------------------------------------
-# The model (pure functions)
-
-@dataclass(frozen=True)
-class RunCosts:
-    """The measured costs of one run that the prediction uses, all in seconds (see the module docstring)."""
-
-    steps: int            # N: steps of the run
-    every: int            # checkpoint.every
-    step_s: float         # t_d: mean duration of a productive step (its sum over N steps is goodput's numerator)
-    step_wall_s: float    # t_w: wall time per step (t_d plus the loop overhead between steps)
-    stall_s: float        # C: training-visible time of one blocking checkpoint
-    startup_s: float      # T_start: launch -> first step
-    teardown_s: float     # T_end: last step -> supervisor_end
-    recovery_s: float     # R: fault -> first step of the next attempt (detect + restart + load)
-
-
-def checkpoints_in_run(steps: int, every: int) -> int:
-    """Checkpoints a run writes: at every multiple of ``every`` below ``steps`` (the final state is not saved)."""
-    return (steps - 1) // every
-
-
-def predicted_wall_s(costs: RunCosts, faults: float, lost_steps: float) -> float:
-    """Expected wall time with ``faults`` faults losing ``lost_steps`` steps in all (both may be fractional)."""
-    c = costs
-    return (c.startup_s + c.teardown_s + c.steps * c.step_wall_s + checkpoints_in_run(c.steps, c.every) * c.stall_s
-            + faults * c.recovery_s + lost_steps * c.step_wall_s)
-
-
-def predicted_run_goodput(costs: RunCosts, faults: float, lost_steps: float) -> float:
-    """Goodput as metrics.py defines it (productive step time / wall time) for that many faults and lost steps."""
-    return costs.steps * costs.step_s / predicted_wall_s(costs, faults, lost_steps)
-
-
-def predicted_run_ettr(costs: RunCosts, faults: float, lost_steps: float) -> float:
-    """ETTR as metrics.py defines it: the same productive time over the first step's start to the last step's end
-    (the wall time without start-up and tear-down)."""
-    window = predicted_wall_s(costs, faults, lost_steps) - costs.startup_s - costs.teardown_s
-    return costs.steps * costs.step_s / window
-
-
-def fault_candidates(steps: int, at_step: int = AT_STEP) -> range:
-    """Steps at which a ``fault.probability`` plan may fire (``before_forward``: s steps done, s in [at, N))."""
-    return range(at_step, steps)
-
-
-def lost_steps_at(step: int, every: int) -> int:
-    """Steps replayed after a kill before step ``step`` + 1: those since the checkpoint at or before ``step``."""
-    return step % every
-
-
-def binomial_pmf(n: int, p: float) -> np.ndarray:
-    """P(K = k) for k = 0..n, K ~ Binomial(n, p)."""
-    k = np.arange(n + 1)
-    if p <= 0 or p >= 1:
-        return (k == (0 if p <= 0 else n)).astype(float)
-    log_comb = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-    return np.exp(log_comb + k * math.log(p) + (n - k) * math.log1p(-p))
-
-
-def binomial_quantile(n: int, p: float, q: float) -> int:
-    """The smallest k with P(K <= k) >= q."""
-    return int(np.searchsorted(np.cumsum(binomial_pmf(n, p)), q - 1e-12))
-
-
-def expected_faults(probability: float, candidates: int, count: int) -> float:
-    """E[min(Binomial(candidates, probability), count)]: each candidate fires with ``probability``, at most
-    ``count`` in all."""
-    if probability <= 0 or candidates <= 0:
-        return 0.0
-    k = np.arange(candidates + 1)
-    return float(np.sum(np.minimum(k, count) * binomial_pmf(candidates, probability)))
+#: What is read from a held-out run: its outcome, never a cost.
+OUTCOME_KEYS = ("run", "faults", "lost_steps", "measured_goodput", "measured_ettr")
 
 
 @dataclass(frozen=True)
-class RatePrediction:
-    goodput: float     # at the expected fault count (expected useful time / expected wall time)
-    low: float         # 10% quantile of the run's goodput over the fault count's distribution
-    high: float        # 90% quantile
-    faults: float      # expected fault count
-    lost_per_fault: float
-    faults_low: float = 0.0   # the fault count at the 10% quantile (it gives ``high``)
-    faults_high: float = 0.0  # at the 90% quantile (it gives ``low``)
+class Fitted:
+    """Costs pooled over the fit runs, in units of each run's own step wall time t_w (``*_steps``), and which runs
+    they came from. Goodput and ETTR are ratios of times, so a prediction from costs in step units does not move
+    when the whole machine runs slower or faster: on a shared machine the step time of one run differs from
+    another's by up to 3x (docs/projection.md, "Out-of-sample validation")."""
+
+    runs: tuple[str, ...]
+    step_ratio: float       # t_d / t_w: the step's own duration over its loop's wall time
+    stall_steps: float      # C / t_w
+    startup_steps: float    # T_start / t_w
+    teardown_steps: float   # T_end / t_w
+    recovery_steps: float   # R / t_w, over every recovery of every fit run
+    recoveries: int
+    step_wall_s: float      # mean t_w of the fit runs (seconds: for the reader; no prediction uses it)
+
+    def costs(self, spec: RunSpec) -> RunCosts:
+        """The cost model applied to a run of ``spec``'s length and checkpoint interval (time unit: one step)."""
+        return RunCosts(steps=spec.steps, every=spec.every, step_s=self.step_ratio, step_wall_s=1.0,
+                        stall_s=self.stall_steps, startup_s=self.startup_steps, teardown_s=self.teardown_steps,
+                        recovery_s=self.recovery_steps)
 
 
-def predict_from_rate(costs: RunCosts, probability: float, count: int, at_step: int = AT_STEP,
-                      band: tuple[float, float] = (0.1, 0.9)) -> RatePrediction:
-    """Goodput predicted from the injected rate alone: the plan is random, so also a band from its fault count."""
-    cands = fault_candidates(costs.steps, at_step)
-    lost = float(np.mean([lost_steps_at(s, costs.every) for s in cands])) if len(cands) else 0.0
-    k_mean = expected_faults(probability, len(cands), count)
-    mean = predicted_run_goodput(costs, k_mean, k_mean * lost)
-    if probability <= 0:
-        return RatePrediction(mean, mean, mean, 0.0, lost)
-    # More faults, lower goodput: the goodput quantiles are the fault count's quantiles in reverse.
-    k_hi, k_lo = (min(binomial_quantile(len(cands), probability, q), count) for q in band)
-    return RatePrediction(mean, predicted_run_goodput(costs, k_lo, k_lo * lost),
-                          predicted_run_goodput(costs, k_hi, k_hi * lost), k_mean, lost, k_hi, k_lo)
+def fit(measured: Sequence[dict[str, Any]]) -> Fitted:
+    """Pool the fit runs' costs in step units: means over runs, R over every recovery of every run."""
+    if not measured:
+        raise ValueError("fit set: no runs")
+    recoveries = [r / m["step_wall_s"] for m in measured for r in m["recoveries_s"]]
+    if not recoveries:
+        raise ValueError("fit set: no run had a fault, so the recovery cost R cannot be fitted")
+    with_ckpt = [m["stall_s"] / m["step_wall_s"] for m in measured if m["every"] < m["steps"]]
+
+    def steps(key: str) -> float:
+        return float(np.mean([m[key] / m["step_wall_s"] for m in measured]))
+
+    return Fitted(tuple(m["run"] for m in measured), steps("step_s"), float(np.mean(with_ckpt)) if with_ckpt else 0.0,
+                  steps("startup_s"), steps("teardown_s"), float(np.mean(recoveries)), len(recoveries),
+                  float(np.mean([m["step_wall_s"] for m in measured])))
 
 
-def predict_from_plan(costs: RunCosts, plan: Sequence[int]) -> float:
-    """Goodput predicted from the seeded plan itself (known before the run): its fault count and lost steps."""
-    return predicted_run_goodput(costs, len(plan), sum(lost_steps_at(s, costs.every) for s in plan))
+def outcome(m: dict[str, Any]) -> dict[str, Any]:
+    """The part of a held-out run's measurement that is scored (its costs stay unread)."""
+    return {k: m[k] for k in OUTCOME_KEYS}
 
 
-def predict_closed_form(costs: RunCosts, probability: float) -> float:
-    """The projection's closed form as it stands: failures in wall time at rate p / t_w, also during checkpoints,
-    recoveries and replays (``predicted_goodput``), applied to the training phase; start-up and tear-down added."""
-    interval = costs.every * costs.step_wall_s
-    if probability <= 0:
-        g_train = interval / (interval + costs.stall_s)
-    else:
-        g_train = float(predicted_goodput(interval, costs.step_wall_s / probability, costs.stall_s, costs.stall_s,
-                                          costs.recovery_s))
-    train_wall = costs.steps * costs.step_wall_s / g_train
-    return costs.steps * costs.step_s / (costs.startup_s + costs.teardown_s + train_wall)
+def check_disjoint(fitted: Fitted, held_out: Sequence[RunSpec]) -> None:
+    """A run is either fitted or scored, never both."""
+    both = sorted(set(fitted.runs) & {s.name for s in held_out})
+    if both:
+        raise ValueError(f"held-out runs also in the fit set: {', '.join(both)}")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Measurement (from events.jsonl)
-
-def measure(run_dir: str | Path) -> dict[str, Any]:
-    """The costs, faults and goodput of one finished run, from its event log (rank 0 and the supervisor)."""
-    run_dir = Path(run_dir)
-    events = read_events(run_dir)
-    result = json.loads((run_dir / "result.json").read_text())
-    if result["status"] != "ok":
-        raise RuntimeError(f"{run_dir}: status {result['status']}, expected ok")
-    every, steps = int(result["checkpoint_every"]), int(result["steps"])
-    launch = next(e for e in events if e["kind"] == "launch" and e["rank"] is None)
-    end = next(e for e in events if e["kind"] == "supervisor_end")
-    rank0 = [e for e in events if e["rank"] == 0]
-    step_ends = [e for e in rank0 if e["kind"] == "step_end"]
-    begin = {id(e): e["t_mono"] - e["duration_s"] for e in step_ends}  # when the step's loop iteration began
-    recoveries, lost, faults = _fault_costs(events, rank0, step_ends, begin)
-    final = [e for e in step_ends if e["attempt"] == result["attempts"] - 1]
-    return {
-        "run": run_dir.name, "every": every, "steps": steps, "seed": result["seed"],
-        **_step_costs(step_ends, begin, every),
-        "stall_metric_s": result["ckpt_stall_s"] or 0.0,
-        "startup_s": begin[id(step_ends[0])] - launch["t_mono"],
-        "teardown_s": end["t_mono"] - final[-1]["t_mono"],
-        "recoveries_s": recoveries, "faults": faults, "lost_steps": lost,
-        "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"], "measured_ettr": result["ettr"],
-    }
-
-
-def _step_costs(step_ends: list[dict], begin: dict[int, float], every: int) -> dict[str, float]:
-    """Productive step time (each step once: a replayed step overwrites the lost one, as in metrics' goodput), the
-    wall time from one loop start to the next, and the checkpoint stall (the extra of a gap with a checkpoint)."""
-    last: dict[int, float] = {}
-    for e in step_ends:
-        last[e["step"]] = e["duration_s"]
-    plain, ckpt_gaps = [], []  # loop-start to loop-start, without and with a checkpoint in between
-    for a, b in zip(step_ends, step_ends[1:]):
-        if a["attempt"] == b["attempt"] and b["step"] == a["step"] + 1:
-            (ckpt_gaps if a["step"] % every == 0 else plain).append(begin[id(b)] - begin[id(a)])
-    step_wall_s = float(np.mean(plain))
-    return {"step_s": sum(last.values()) / len(last), "step_wall_s": step_wall_s,
-            "stall_s": float(np.mean(ckpt_gaps)) - step_wall_s if ckpt_gaps else 0.0}
+def score(fitted: Fitted, held_out: Sequence[RunSpec], outcomes: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per held-out run: measured goodput and ETTR, predicted from the plan and from the rate."""
+    check_disjoint(fitted, held_out)
+    rows = []
+    for spec, o in zip(held_out, outcomes, strict=True):
+        if o["run"] != spec.name:
+            raise ValueError(f"outcome of {o['run']} given for {spec.name}")
+        costs, plan = fitted.costs(spec), spec.plan()
+        lost = sum(lost_steps_at(s, spec.every) for s in plan)
+        rate = predict_from_rate(costs, spec.probability, spec.count)
+        lo_k, hi_k = rate.faults_low, rate.faults_high
+        rows.append({
+            "label": LABEL, "run": spec.name, "every": spec.every, "probability": spec.probability,
+            "seed": spec.seed, "steps": spec.steps, "expected_faults": rate.faults, "planned_faults": len(plan),
+            "faults": o["faults"], "planned_lost_steps": lost, "lost_steps": sum(o["lost_steps"]),
+            "measured_goodput": o["measured_goodput"], "measured_ettr": o["measured_ettr"],
+            "goodput_plan": predicted_run_goodput(costs, len(plan), lost),
+            "ettr_plan": predicted_run_ettr(costs, len(plan), lost),
+            "goodput_rate": rate.goodput, "goodput_rate_low": rate.low, "goodput_rate_high": rate.high,
+            "ettr_rate": predicted_run_ettr(costs, rate.faults, rate.faults * rate.lost_per_fault),
+            "ettr_rate_low": predicted_run_ettr(costs, hi_k, hi_k * rate.lost_per_fault),
+            "ettr_rate_high": predicted_run_ettr(costs, lo_k, lo_k * rate.lost_per_fault),
+        })
+    frame = pd.DataFrame(rows)
+    for what in ("goodput", "ettr"):
+        for how in ("plan", "rate"):
+            frame[f"{what}_{how}_rel_error"] = frame[f"{what}_{how}"] / frame[f"measured_{what}"] - 1
+    return frame
 
 
-def _fault_costs(events: list[dict], rank0: list[dict], step_ends: list[dict],
-                 begin: dict[int, float]) -> tuple[list[float], list[int], int]:
-    """Per injected fault: the recovery (fault to the next attempt's first loop start) and the steps lost (the
-    fault's step minus the step loaded); and how many faults fired."""
-    faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
-    recoveries, lost = [], []
-    for f in faults:
-        nxt = [e for e in step_ends if e["attempt"] > f["attempt"] and e["t_mono"] > f["t_mono"]]
-        loaded = [e for e in rank0 if e["kind"] == "ckpt_loaded" and e["attempt"] == f["attempt"] + 1]
-        if nxt:
-            recoveries.append(begin[id(nxt[0])] - f["t_mono"])
-        lost.append(f["step"] - (loaded[0]["step"] if loaded else 0))
-    return recoveries, lost, len(faults)
+def mare(frame: pd.DataFrame, column: str) -> float:
+    """Mean absolute relative error of a ``*_rel_error`` column."""
+    return float(frame[column].abs().mean())
 
 
-def costs_of(m: dict[str, Any], recovery_s: float) -> RunCosts:
-    return RunCosts(steps=m["steps"], every=m["every"], step_s=m["step_s"], step_wall_s=m["step_wall_s"],
-                    stall_s=m["stall_s"], startup_s=m["startup_s"], teardown_s=m["teardown_s"],
-                    recovery_s=recovery_s)
+def parity_figure(frame: pd.DataFrame, fitted: Fitted):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6))
+    for ax, what, name in zip(axes, ("goodput", "ettr"), ("goodput (result.json)", "ETTR (result.json)")):
+        measured = frame[f"measured_{what}"]
+        cols = [f"{what}_plan", f"{what}_rate_low", f"{what}_rate_high", f"measured_{what}"]
+        lo, hi = float(frame[cols].min().min()) - 0.03, float(frame[cols].max().max()) + 0.03
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, label="y = x")
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="grey", alpha=0.15,
+                        label="within 10%")
+        ax.errorbar(frame[f"{what}_rate"], measured,
+                    xerr=[frame[f"{what}_rate"] - frame[f"{what}_rate_low"],
+                          frame[f"{what}_rate_high"] - frame[f"{what}_rate"]],
+                    fmt="^", mfc="none", color="tab:orange", capsize=3, ms=8,
+                    label=f"from the rate (10-90% band): MARE {mare(frame, f'{what}_rate_rel_error'):.1%}")
+        ax.scatter(frame[f"{what}_plan"], measured, color="tab:blue", s=50, zorder=5,
+                   label=f"from the fault schedule: MARE {mare(frame, f'{what}_plan_rel_error'):.1%}")
+        for row in frame.itertuples():
+            ax.annotate(f"every {row.every}, p {row.probability:g}", (getattr(row, f"{what}_plan"),
+                        getattr(row, f"measured_{what}")), fontsize=7, xytext=(4, -10), textcoords="offset points")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_aspect("equal")
+        ax.set_xlabel(f"predicted {what} (costs fitted on the other runs)")
+        ax.set_ylabel(f"measured {name}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"model validation on held-out runs only: gpt_tiny, 2 ranks, sync, kills at rate p\n"
+                 f"{len(frame)} held-out runs; costs fitted on {len(fitted.runs)} other runs "
+                 f"({', '.join(fitted.runs)})", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Running the set
-
-@dataclass(frozen=True)
-class RunSpec:
-    every: int
-    probability: float     # 0: fault=none
-    seed: int
-    steps: int
-
-    @property
-    def name(self) -> str:
-        return f"every{self.every}_p{self.probability:g}_seed{self.seed}_n{self.steps}"
-
-    @property
-    def count(self) -> int:
-        return self.steps  # generous: never the binding limit
-
-    def overrides(self) -> list[str]:
-        common = ["workload=gpt_tiny", "strategy=sync", "world_size=2", f"steps={self.steps}",
-                  f"checkpoint.every={self.every}", f"seed={self.seed}", f"recovery.max_restarts={self.steps}",
-                  f"log_every={self.steps}"]
-        if self.probability <= 0:
-            return [*common, "fault=none"]
-        return [*common, "fault=kill", f"fault.rank={FAULT_RANK}", f"fault.at_step={AT_STEP}",
-                f"fault.probability={self.probability}", f"fault.count={self.count}", f"fault.seed={self.seed}"]
-
-    def plan(self) -> list[int]:
-        """The steps the seeded plan kills at: the injector's own plan function, before the run."""
-        if self.probability <= 0:
-            return []
-        return fault_plan("kill", self.seed, AT_STEP, self.steps, self.probability, self.count)
+def write_outputs(frame: pd.DataFrame, fitted: Fitted, out: Path) -> None:
+    """``parity.csv`` (held-out rows), ``parity_fit.csv`` (the fitted costs) and ``parity.png`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "parity.csv", frame.to_csv(index=False, float_format="%.6g").encode())
+    fit_row = {**asdict(fitted), "runs": " ".join(fitted.runs), "label": "fitted costs"}
+    atomic_write_bytes(out / "parity_fit.csv", pd.DataFrame([fit_row]).to_csv(index=False).encode())
+    buf = io.BytesIO()
+    parity_figure(frame, fitted).savefig(buf, format="png", dpi=130)
+    atomic_write_bytes(out / "parity.png", buf.getvalue())
 
 
+def table(frame: pd.DataFrame) -> str:
+    cols = {"run": "held-out run", "expected_faults": "E[K]", "faults": "K", "lost_steps": "lost",
+            "measured_goodput": "goodput", "goodput_plan": "plan", "goodput_rate": "rate",
+            "goodput_rate_low": "lo", "goodput_rate_high": "hi", "measured_ettr": "ETTR", "ettr_plan": "plan",
+            "ettr_rate": "rate"}
+    return frame[list(cols)].rename(columns=cols).to_string(index=False, float_format=lambda v: f"{v:.3f}")
 
-def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
-    """``python -m resilience`` for one spec in its own process group (``resilience.child``)."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)  # the checkpoint directory must start empty
-    done = child.run(child.experiment_command(spec.overrides(), run_dir), timeout_s=timeout_s, cwd=REPO)
-    if done.timed_out:
-        raise RuntimeError(f"{spec.name}: ran over {timeout_s} s")
-    if done.returncode != 0:
-        raise RuntimeError(f"{spec.name}: exit {done.returncode}: {done.stderr[-800:]}")
+
+def _measure_all(specs: Sequence[RunSpec], runs: Path, reuse: bool, timeout_s: float) -> list[dict]:
+    measured = []
+    for i, spec in enumerate(specs, 1):
+        t = time.monotonic()
+        if not (reuse and (runs / spec.name / "result.json").exists()):
+            run_one(spec, runs / spec.name, timeout_s)
+        measured.append(measure(runs / spec.name))
+        print(f"[parity] {i}/{len(specs)} {spec.name}: {measured[-1]['faults']} fault(s), goodput "
+              f"{measured[-1]['measured_goodput']:.3f} ({time.monotonic() - t:.0f} s)", flush=True)
+    return measured
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command: the out-of-sample validation of :mod:`resilience.projection.holdout`."""
-    from resilience.projection import holdout  # it builds on this module
-    return holdout.main(argv)
+    parser = argparse.ArgumentParser(prog="python -m resilience.projection.parity",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "parity", help="output directory")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{len(FIT_QUICK)} + {len(HELD_OUT_QUICK)} short runs instead of "
+                             f"{len(FIT_FULL)} + {len(HELD_OUT_FULL)}")
+    parser.add_argument("--timeout-s", type=float, default=240, help="limit per run")
+    parser.add_argument("--reuse", action="store_true",
+                        help="re-score run directories that already hold a result.json instead of rerunning them")
+    args = parser.parse_args(argv)
+    fit_specs, held = (FIT_QUICK, HELD_OUT_QUICK) if args.quick else (FIT_FULL, HELD_OUT_FULL)
+    out, t0 = args.out.resolve(), time.monotonic()
+    # Fit and held-out runs alternate, so that a change of the machine's load meets both sets alike.
+    order = [s for pair in zip_longest(fit_specs, held) for s in pair if s is not None]
+    measured = dict(zip((s.name for s in order), _measure_all(order, out / "runs", args.reuse, args.timeout_s)))
+    fitted = fit([measured[s.name] for s in fit_specs])
+    check_disjoint(fitted, held)
+    outcomes = [outcome(measured[s.name]) for s in held]
+    frame = score(fitted, held, outcomes)
+    write_outputs(frame, fitted, out)
+    print(f"fitted on {', '.join(fitted.runs)} (in steps of t_w, mean {fitted.step_wall_s:.3f} s): "
+          f"t_d {fitted.step_ratio:.3f}, C {fitted.stall_steps:.2f}, T_start {fitted.startup_steps:.1f}, "
+          f"T_end {fitted.teardown_steps:.1f}, R {fitted.recovery_steps:.1f} (mean of {fitted.recoveries})")
+    print(table(frame))
+    for what in ("goodput", "ettr"):
+        print(f"{what}: MARE on {len(frame)} held-out runs, from the fault schedule "
+              f"{mare(frame, f'{what}_plan_rel_error'):.1%} (worst {frame[f'{what}_plan_rel_error'].abs().max():.1%})"
+              f", from the rate {mare(frame, f'{what}_rate_rel_error'):.1%} "
+              f"(worst {frame[f'{what}_rate_rel_error'].abs().max():.1%})")
+    inside = ((frame["measured_goodput"] >= frame["goodput_rate_low"])
+              & (frame["measured_goodput"] <= frame["goodput_rate_high"]))
+    print(f"measured goodput inside the rate prediction's 10-90% band: {int(inside.sum())} of {len(frame)}")
+    print(f"{len(fit_specs) + len(held)} runs in {time.monotonic() - t0:.0f} s; wrote {out / 'parity.csv'}, "
+          f"{out / 'parity_fit.csv'} and {out / 'parity.png'}")
+    return 0
 
 
 if __name__ == "__main__":

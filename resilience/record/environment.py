@@ -28,6 +28,9 @@ ENV_VAR = "RB_ENVIRONMENT"  # the pipeline's environment.json, which its cells n
 NOT_GIT = "not a git checkout"
 CHECKOUT = Path(__file__).resolve().parents[2]  # the code that ran, wherever the run directory is
 VERSIONS = ("torch", "hydra-core", "snakemake", "pandas", "seaborn")
+# The collect_env fields a report shows beside the benchmark's own (its package lists and lscpu stay in the file).
+COLLECT_ENV_SHOWN = ("os", "libc_version", "gcc_version", "python_platform", "is_cuda_available",
+                     "cuda_runtime_version", "nvidia_driver_version", "nvidia_gpu_models", "cudnn_version")
 
 
 def git_commit(checkout: Path = CHECKOUT) -> dict[str, Any]:
