@@ -1,7 +1,9 @@
 """Recovery without a checkpoint: ours against torchft and NVRx, beside checkpoint-restart and the stock torchrun.
 
 One row per (way of recovering, fault) over the matrix's faulted runs of ``sync`` (checkpoint-restart by our
-supervisor, or by the stock torchrun: ``supervisor.launcher=torchrun``), ``replica`` (with and without a warm
+supervisor, by the stock torchrun: ``supervisor.launcher=torchrun``, or in the same processes by NVRx:
+``recovery=nvrx_inprocess``, whose column ``restarted_by`` says whether NVRx or, after a kill, the supervisor's
+restart recovered the run), ``replica`` (with and without a warm
 spare) and ``replica_torchft``, and of any strategy whose hang detector is NVRx's (``nvrx_heartbeat``): who
 detected the fault and how fast, the recovery time and its parts, whether the survivors were restarted, the steps
 lost, the steps trained at reduced width, the final loss against the fault-free reference, and the verdict: bit-exact,
@@ -29,6 +31,8 @@ def label(run: pd.Series) -> str:
         text += " + warm spare"
     if str(run.get("cell.detectors", "")).startswith("nvrx_heartbeat"):
         text += " (NVRx detects)"
+    if str(run.get("cell.recovery")) == "nvrx_inprocess":
+        text += " + NVRx in-process restart"
     return text
 
 
@@ -63,6 +67,7 @@ def recovery_peers_table(frame: pd.DataFrame) -> pd.DataFrame:
             "load_or_heal_s": col(timed, "recovery_load_s").median(),
             "replay_s": col(timed, "recovery_breakdown_s.replay").median(),
             "survivors_restarted": _yes_no(group.get("survivors_restarted")),
+            "restarted_by": _counts(group.get("inprocess.recovered_by")),
             "lost_steps": col(group, "lost_steps").median(),
             "reduced_width_steps": col(group, "reduced_width_steps").fillna(0).median(),
             "final_loss_delta": delta,
@@ -89,6 +94,12 @@ def recovery_peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
 def _yes_no(values: pd.Series | None) -> str:
     seen = {bool(v) for v in (values.dropna() if values is not None else [])}
     return {frozenset({True}): "yes", frozenset({False}): "no"}.get(frozenset(seen), "mixed" if seen else "-")
+
+
+def _counts(values: pd.Series | None) -> str:
+    """How often each value occurs ("in_process 3/3"); "-" where the runs have none (not NVRx's rows)."""
+    seen = values.dropna().astype(str) if values is not None else pd.Series(dtype=str)
+    return ", ".join(f"{v} {n}/{len(values)}" for v, n in seen.value_counts().items()) if len(seen) else "-"
 
 
 def _verdict(group: pd.DataFrame) -> str:
