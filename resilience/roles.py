@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 
 from injectors.base import Injector
 from resilience.detectors.base import Detector
+from resilience.parallel.base import Parallelism
+from resilience.parallel.ddp import DataParallel
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
 from resilience.workloads.base import Workload
@@ -26,6 +28,7 @@ class Roles:
     injector: Injector
     policy: RecoveryPolicy
     detectors: list[Detector]
+    parallel: Parallelism
 
 
 def build_roles(cfg: DictConfig) -> Roles:
@@ -39,6 +42,8 @@ def build_roles(cfg: DictConfig) -> Roles:
             injector=instantiate(cfg.fault),
             policy=instantiate(cfg.recovery),
             detectors=[instantiate(d) for d in cfg.detectors.values()],
+            # a configuration written before the parallel group existed is data parallel
+            parallel=instantiate(cfg.parallel) if "parallel" in cfg else DataParallel(),
         )
     except ValueError:
         raise
@@ -50,6 +55,7 @@ def build_roles(cfg: DictConfig) -> Roles:
     strategy = roles.strategy
     roles.injector.validate(int(cfg.world_size), int(cfg.steps), strategy.every if strategy.saves else None)
     _check_together(cfg, roles)
+    roles.parallel.check(int(cfg.world_size), roles.workload, strategy, roles.injector, roles.detectors)
     return roles
 
 

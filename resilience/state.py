@@ -30,6 +30,19 @@ class TrainState:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
+    def full_state_dict(self) -> dict[str, Any]:
+        """The global state, gathered on every rank where the model is sharded (``parallel=fsdp``): what the final
+        hash covers, so that it does not depend on how the state is cut. Unsharded: ``state_dict()`` itself."""
+        from torch.distributed.tensor import DTensor
+
+        if not any(isinstance(p, DTensor) for p in self.model.parameters()):
+            return self.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True))
+        return {"model": model_sd, "optim": optim_sd}
+
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 

@@ -14,6 +14,7 @@ from injectors.base import Injector
 from resilience.config import CONF_DIR
 from resilience.detectors.base import Detector
 from resilience.named import base_option
+from resilience.parallel.base import Parallelism
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
 from resilience.workloads.base import Workload
@@ -28,7 +29,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                 "resilience.state", "resilience.plan", "resilience.command_line", "resilience.cli_help", "resilience.reduce",
                 "resilience.identity", "resilience.record", "resilience.workloads")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
-    ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "injectors")),
+    ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "resilience.parallel",
+               "injectors")),
     ("assembly", ("resilience.roles", "resilience.config")),
     ("processes", ("resilience.rank", "resilience.supervise")),
     ("commands", ("resilience.__main__", "resilience.result", "resilience.trace", "resilience.bench",
@@ -124,7 +126,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
 
 
 BASES = {"strategy": CheckpointStrategy, "fault": Injector, "detector": Detector, "recovery": RecoveryPolicy,
-         "workload": Workload}
+         "workload": Workload, "parallel": Parallelism}
 
 
 def options() -> list[tuple[str, str]]:

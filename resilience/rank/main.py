@@ -16,16 +16,13 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from injectors.base import Injector
 from resilience.detectors.process_exit import RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
 from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
-from resilience.reduce import install as install_reduce
 from resilience.identity import RunIdentity
 from resilience.roles import build_roles
 from resilience.runtime import RankRuntime
@@ -113,8 +110,8 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
                          load_max_step=rollback_bound(run_dir, events.attempt),
                          ckpt_fs=injector.checkpoint_fs(rank), node_memory=strategy.node_memory(run_dir),
                          ckpt_rejected=detectors.rejection_report(), group=group,
-                         wrap_model=bare if owns_step else ModelWrapper(device, world, injector,
-                                                                        in_place=group.in_place))
+                         wrap_model=bare if owns_step else roles.parallel.wrapper(device, world, injector,
+                                                                                  in_place=group.in_place))
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
@@ -145,24 +142,6 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         raise
     finally:
         events.close()
-
-
-class ModelWrapper:
-    """Wraps the bare model in DDP over the current group, with the run's gradient reduction."""
-
-    def __init__(self, device: torch.device, world_size: int, injector: Injector, in_place: bool) -> None:
-        self.device, self.world_size, self.injector, self.in_place = device, world_size, injector, in_place
-
-    def __call__(self, module: torch.nn.Module) -> DDP:
-        device = self.device
-        # In place, survivors and replacement may hold different states until the strategy reconciles them:
-        # DDP must not broadcast rank 0's parameters over them (at generation 0 all are equal anyway).
-        ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None, init_sync=not self.in_place)
-        if self.injector.hooks_reduction:  # an injector that hooks the reduction ends in the same one itself
-            self.injector.hook_reduction(ddp)
-        else:
-            install_reduce(ddp, self.world_size)
-        return ddp
 
 
 def bare(module: torch.nn.Module) -> torch.nn.Module:

@@ -89,7 +89,7 @@ class Trainer:
                 last_t, last_step = now, step
         self.beater.beat(self.steps, FINISHED)
         self.strategy.wait()
-        digest = state_sha256(self.state.state_dict())
+        digest = state_sha256(self.state.full_state_dict())
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
         ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
         return digest

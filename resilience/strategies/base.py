@@ -45,6 +45,10 @@ class CheckpointStrategy(Named, ABC):
         seam that disk faults act on; False for a writer that opens its files itself."""
         return False
 
+    def handles_sharded_state(self) -> bool:
+        """Whether this strategy saves and loads a sharded model's state (each rank its shards: ``parallel=fsdp``)."""
+        return False
+
     def agent_service(self) -> AgentService | None:
         """What this strategy runs in the supervisor process across rank restarts (None: nothing)."""
         return None

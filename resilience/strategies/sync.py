@@ -52,6 +52,9 @@ class SyncCheckpoint(CheckpointStrategy):
     def handles_sharded_state(self) -> bool:
         return True  # DCP writes each rank's DTensor shards and reshards on load
 
+    def handles_sharded_state(self) -> bool:
+        return True  # DCP writes each rank's DTensor shards and reshards on load
+
     def attach(self, rt) -> None:
         super().attach(rt)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)

@@ -1,0 +1,1 @@
+"""How the model is spread over the ranks (``parallel=ddp|fsdp|hsdp``): one class per option, ``base.Parallelism``."""
