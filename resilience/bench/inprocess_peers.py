@@ -6,8 +6,9 @@ Rank 1 of a gpt_tiny run on 2 ranks (sync checkpoints every 5 steps) fails at st
 recovered by ``recovery=restart`` (the supervisor stops and starts every rank's process) and by
 ``recovery=nvrx_inprocess`` (NVRx restarts every rank's training in its process; after a kill it falls back to the
 supervisor's restart). The ways run interleaved, one repeat of each before the next, so that a change of the host's
-load spreads over all of them. Printed per (fault, way): the median recovery time (fault record to training past
-the fault's step) and its parts from the events (detection; the restart, to the new attempt's start; load; replay),
+load spreads over all of them. Printed per (fault, way): the median restart cost (fault record to training again,
+the checkpoint loaded), the recovery time (to training past the fault's step) and its parts from the events
+(detection; the restart, to the new attempt's start; load; replay),
 who recovered the run, how many runs ended bit-exact with the fault-free reference, the host's load during them.
 """
 
@@ -59,7 +60,11 @@ def row(fault: str, way: str, runs: list[dict], ref_hash: str) -> dict:
 
     by = [str((r.get("inprocess") or {}).get("recovered_by") or "process_restart") for r in runs]
     loads = [(r.get("validity") or {}).get("load_max") for r in runs]
+    # restart cost: from the fault to training again (the checkpoint loaded), without the replay of lost steps
+    to_training = [r["recovery_time_s"] - r["recovery_breakdown_s"]["replay"] for r in runs
+                   if r.get("recovery_time_s") is not None and r["recovery_breakdown_s"].get("replay") is not None]
     return {"fault": fault, "way": way, "n": len(runs),
+            "fault to training s": spread(to_training),
             "recovery s": spread(got("recovery_time_s")),
             "detect s": spread(got("recovery_breakdown_s", "detect")),
             "restart s": spread(got("recovery_breakdown_s", "restart")),
