@@ -1,4 +1,4 @@
-"""Model validation (resilience/projection/parity.py, holdout.py): the prediction on synthetic inputs, the held-out
+"""Model validation (resilience/projection/run_model.py, parity.py): the prediction on synthetic inputs, the held-out
 split, and one measured pair of runs (fit on one, scored on the other)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from resilience.record.events import EVENTS_FILE
 from resilience.record.metrics import compute_result
-from resilience.projection.holdout import (FIT_FULL, FIT_QUICK, HELD_OUT_FULL, HELD_OUT_QUICK, OUTCOME_KEYS, fit,
-                                           mare, outcome, score, write_outputs)
-from resilience.projection.parity import (RunCosts, RunSpec, binomial_quantile, checkpoints_in_run, expected_faults,
+from resilience.projection.parity import (FIT_FULL, FIT_QUICK, HELD_OUT_FULL, HELD_OUT_QUICK, OUTCOME_KEYS, fit, mare,
+                                          outcome, score, write_outputs)
+from resilience.projection.run_model import (RunCosts, RunSpec, binomial_quantile, checkpoints_in_run, expected_faults,
                                           lost_steps_at, measure, predict_closed_form, predict_from_plan,
                                           predict_from_rate, predicted_run_ettr, predicted_run_goodput,
                                           predicted_wall_s, run_one)

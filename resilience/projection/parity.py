@@ -5,7 +5,7 @@ experiments (gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.p
 rate, planned from ``fault.seed`` before the run):
 
 * the **fit** set, at checkpoint intervals 2 and 10 and fault rates 0, 0.05 and 0.1: each run's costs are measured
-  from its ``events.jsonl`` (:func:`resilience.projection.parity.measure`) and pooled into one :class:`Fitted`
+  from its ``events.jsonl`` (:func:`resilience.projection.run_model.measure`) and pooled into one :class:`Fitted`
   cost model (step time, loop overhead, checkpoint stall, start-up, tear-down, recovery);
 * the **held-out** set, at other intervals (3, 5, 20) and other rates (0.03, 0.08): from each run only the outcome
   is read (goodput and ETTR from ``result.json``, the faults that fired); its goodput and ETTR are predicted from
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from resilience.projection.parity import (REPO, RunCosts, RunSpec, lost_steps_at, measure, predict_from_rate,
+from resilience.projection.run_model import (REPO, RunCosts, RunSpec, lost_steps_at, measure, predict_from_rate,
                                           predicted_run_ettr, predicted_run_goodput, run_one)
 from resilience.record.fsio import atomic_write_bytes
 
@@ -143,7 +143,7 @@ def parity_figure(frame: pd.DataFrame, fitted: Fitted):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 6))
-    for ax, what, name in zip(axes, ("goodput", "ettr"), ("goodput (result.json)", "ETTR (result.json)")):
+    for ax, what, name in zip(axes, ("goodput", "ettr"), ("goodput", "ETTR")):
         measured = frame[f"measured_{what}"]
         cols = [f"{what}_plan", f"{what}_rate_low", f"{what}_rate_high", f"measured_{what}"]
         lo, hi = float(frame[cols].min().min()) - 0.03, float(frame[cols].max().max()) + 0.03
@@ -163,10 +163,10 @@ def parity_figure(frame: pd.DataFrame, fitted: Fitted):
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_aspect("equal")
-        ax.set_xlabel(f"predicted {what} (costs fitted on the other runs)")
-        ax.set_ylabel(f"measured {name}")
+        ax.set_xlabel(f"predicted {name} (costs fitted on the other runs)")
+        ax.set_ylabel(f"measured {name} (result.json)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"model validation on held-out runs only: gpt_tiny, 2 ranks, sync, kills at rate p\n"
                  f"{len(frame)} held-out runs; costs fitted on {len(fitted.runs)} other runs "
                  f"({', '.join(fitted.runs)})", fontsize=9)

@@ -1,7 +1,7 @@
 """The run-level model of goodput, and its measurement: what a run's events say each cost was.
 
-``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` is the out-of-sample validation of
-:mod:`resilience.projection.holdout` (costs fitted on some runs predict others); this module holds what it builds
+``python -m resilience.projection.parity [--out DIR] [--quick] [--reuse]`` is the out-of-sample validation
+(:mod:`resilience.projection.parity`: costs fitted on some runs predict others); this module holds what it builds
 on: the model (pure functions), the measurement of one run (:func:`measure`) and the experiments (:class:`RunSpec`,
 gpt_tiny, 2 ranks, ``strategy=sync``, ``fault=kill`` with ``fault.probability=p``: faults at a known rate). The
 model and its assumptions are in docs/projection.md, "Validation against measured runs".
@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -275,13 +274,3 @@ def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
         raise RuntimeError(f"{spec.name}: ran over {timeout_s} s")
     if done.returncode != 0:
         raise RuntimeError(f"{spec.name}: exit {done.returncode}: {done.stderr[-800:]}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command: the out-of-sample validation of :mod:`resilience.projection.holdout`."""
-    from resilience.projection import holdout  # it builds on this module
-    return holdout.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
