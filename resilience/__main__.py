@@ -23,7 +23,7 @@ from resilience.command_line import MULTIRUN, CommandLineError, compose_checked,
 from resilience.cli_help import HELP_FLAGS, help_text
 from resilience.config import CONF_DIR, ConfigError, check_group_choices, resolve
 from resilience.identity import new_run_id
-from resilience.quick_exit import exit_now
+from resilience.record.quick_exit import exit_now
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
 from resilience.record.result import summarize, write_result
@@ -83,7 +83,7 @@ def main(cfg: DictConfig) -> None:
 
 def leave(code: int, mode: RunMode) -> None:
     """End the command once result.json is durable: a single run skips the interpreter's teardown (seconds after
-    torch on a busy host: ``resilience.quick_exit``); a sweep's job returns to Hydra, which runs the next one."""
+    torch on a busy host: ``resilience.record.quick_exit``); a sweep's job returns to Hydra, which runs the next one."""
     if mode == RunMode.RUN:
         exit_now(code)
     if code:

@@ -1,0 +1,162 @@
+"""``python -m resilience.bench.cell [--repeats N] [OVERRIDES...]``: where a matrix cell's wall time goes.
+
+A cell is one ``python -m resilience`` command (as ``reports.cell`` starts it). Its phases come from the run's
+own record, the moments this command saw (process started, process ended) and two file times:
+
+================= ==========================================================================================
+phase             from .. to
+================= ==========================================================================================
+supervisor start  process start .. ``launch`` event (interpreter, imports, Hydra compose, validation, config)
+rank start        ``launch`` .. first ``run_start`` (rendezvous, rank interpreters, imports, group, model)
+training          first ``run_start`` .. last ``run_end`` (steps; checkpoint stalls shown apart)
+teardown          last ``run_end`` .. ``supervisor_end`` (ranks exit, the agent's exit barrier, samplers)
+result            ``supervisor_end`` .. ``result.json`` written (metrics from the event log, fsync)
+exit              ``result.json`` .. the process has ended (what the interpreter does after the work)
+================= ==========================================================================================
+
+The import cost inside the two start phases is measured apart, in the same run: a fresh interpreter importing
+what the supervisor imports, and what a rank imports (its strategy's module included). The figure of issue 16
+is the cell's wall time over its training time (goal <= 2x for gpt_tiny, 30 steps). ``breakdown`` returns the
+figures (``resilience.bench.speed`` uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from resilience import child
+from resilience.record.events import read_events
+from resilience.record.host_load import HostLoadSampler
+
+PHASES = ("supervisor start", "rank start", "training", "teardown", "result", "exit")
+SUPERVISOR_IMPORTS = "import resilience.__main__"
+RANK_IMPORTS = "import resilience.rank.main, resilience.strategies.{strategy}"
+
+
+def import_s(statement: str, code: Path | None = None) -> float:
+    """Wall time of a fresh interpreter that runs ``statement`` and exits (without its teardown, as the harness
+    now exits), less the same for an empty statement: what the imports cost."""
+    def timed(text: str) -> float:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", f"{text}\nimport os; os._exit(0)"], check=True, cwd=code,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t0
+    return timed(statement) - timed("pass")
+
+
+def phases(events: list[dict], started: float, ended: float, result_written: float) -> dict[str, float]:
+    """The phases' durations (s) of one fault-free run, from its events and the three moments outside them."""
+    def at(kind: str, pick=min) -> float:
+        return pick(e["t_wall"] for e in events if e["kind"] == kind)
+    launch, begin, finish, sup_end = at("launch"), at("run_start"), at("run_end", max), at("supervisor_end")
+    return dict(zip(PHASES, (launch - started, begin - launch, finish - begin, sup_end - finish,
+                             result_written - sup_end, ended - result_written)))
+
+
+def inside_training(events: list[dict]) -> dict[str, float]:
+    """Rank 0's step time and checkpoint stall time, summed over the run."""
+    rank0 = [e for e in events if e["rank"] == 0]
+    begins = {e["step"]: e["t_wall"] for e in rank0 if e["kind"] == "ckpt_begin"}
+    stalls = [e["t_wall"] - begins[e["step"]] for e in rank0 if e["kind"] == "ckpt_stall_end" and e["step"] in begins]
+    return {"steps_s": sum(e["duration_s"] for e in rank0 if e["kind"] == "step_end"), "ckpt_stall_s": sum(stalls)}
+
+
+def pipeline_env(folder: Path) -> dict[str, str]:
+    """The environment a pipeline cell runs in: the software environment captured once per pipeline run
+    (``RB_ENVIRONMENT``, as the Snakefile sets it), not by every cell."""
+    try:
+        from resilience.record import environment
+    except ImportError:  # a checkout from before the capture existed
+        return dict(os.environ)
+    path = folder / environment.ENVIRONMENT_FILE
+    environment.write(path)
+    return {**os.environ, environment.ENV_VAR: str(path.resolve())}
+
+
+def run_cell(overrides: list[str], run_dir: Path, timeout_s: float = 600, code: Path | None = None,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one cell as the pipeline does and return its phases, the figures inside training, and the ratio."""
+    cmd = child.experiment_command(overrides, run_dir)
+    started = time.time()
+    done = child.run(cmd, timeout_s=timeout_s, cwd=code, env=env)
+    ended = time.time()
+    if done.returncode != 0:
+        raise RuntimeError(f"cell failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    result = json.loads((run_dir / "result.json").read_text())
+    if result["status"] != "ok":
+        raise RuntimeError(f"cell status {result['status']}: a fault-free cell is what this bench times")
+    events = read_events(run_dir)
+    out = {"phases": phases(events, started, ended, (run_dir / "result.json").stat().st_mtime),
+           **inside_training(events), "wall_s": ended - started, "sha256": result["final_state_sha256"]}
+    out["ratio"] = out["wall_s"] / out["phases"]["training"]
+    return out
+
+
+def breakdown(overrides: list[str], repeats: int = 3, root: Path | None = None,
+              code: Path | None = None) -> dict[str, Any]:
+    """The median of each figure over ``repeats`` cells, and the import costs measured alone in the same run;
+    ``code``: the checkout whose ``resilience`` runs (another commit's worktree, for a before/after)."""
+    strategy = next((o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")), "sync")
+    host = HostLoadSampler(0.5).start()
+    with tempfile.TemporaryDirectory(prefix="rb-cell-", dir=root) as tmp:
+        env = pipeline_env(Path(tmp))
+        runs = [run_cell(overrides, Path(tmp) / f"cell{i}", code=code, env=env) for i in range(repeats)]
+    load = host.stop()
+    med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
+    return {
+        "overrides": overrides, "repeats": repeats, "runs": runs,
+        "phases": {p: med(lambda r, p=p: r["phases"][p]) for p in PHASES},
+        "steps_s": med(lambda r: r["steps_s"]), "ckpt_stall_s": med(lambda r: r["ckpt_stall_s"]),
+        "wall_s": med(lambda r: r["wall_s"]), "ratio": med(lambda r: r["ratio"]),
+        "supervisor_imports_s": import_s(SUPERVISOR_IMPORTS, code),
+        "rank_imports_s": import_s(RANK_IMPORTS.format(strategy=strategy), code), "load": load,
+    }
+
+
+def describe_load(load: dict[str, Any]) -> str:
+    """One line: the host's load while the figures were taken (``HostLoadSampler.stop``'s figures)."""
+    other = load.get("other_cpu_frac")
+    return (f"host load during the run: load1 max {load.get('load_max')}, other processes' CPU "
+            f"{'n/a' if other is None else f'{other:.0%}'} of {load.get('cpus')} cores, "
+            f"CPU pressure max {load.get('cpu_pressure_max')}%")
+
+
+def table(b: dict[str, Any]) -> str:
+    """The breakdown as aligned text: each phase in seconds and as a share of the cell."""
+    wall = b["wall_s"]
+    lines = [f"cell: python -m resilience {' '.join(b['overrides'])}  (median of {b['repeats']})",
+             f"{'phase':<18}{'s':>8}{'share':>8}"]
+    notes = {"supervisor start": f"imports alone {b['supervisor_imports_s']:.2f} s",
+             "rank start": f"a rank's imports alone {b['rank_imports_s']:.2f} s",
+             "training": f"steps {b['steps_s']:.2f} s, checkpoint stalls {b['ckpt_stall_s']:.2f} s (rank 0)"}
+    for p in PHASES:
+        s = b["phases"][p]
+        lines.append(f"{p:<18}{s:>8.2f}{s / wall:>8.0%}   {notes.get(p, '')}".rstrip())
+    lines.append(f"{'cell wall':<18}{wall:>8.2f}")
+    lines.append(f"cell wall / training: {b['ratio']:.2f}x (goal <= 2x); per run: "
+                 + ", ".join(f"{r['ratio']:.2f}x" for r in b["runs"]))
+    lines.append(describe_load(b["load"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.cell", description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="cells run; each figure is the median (default 3)")
+    ap.add_argument("--code", type=Path, help="run the cells with the checkout in CODE (e.g. a git worktree of an "
+                    "earlier commit: the figures before a change, beside this run's)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the cell (default: the default experiment)")
+    args = ap.parse_args(argv)
+    print(table(breakdown(args.overrides, args.repeats, code=args.code)))
+
+
+if __name__ == "__main__":
+    main()
