@@ -1,0 +1,258 @@
+"""``python -m resilience.bench.speed [--quick]``: every speed figure of issue 16, its goal, MET or MISSED, in one run.
+
+Each row is measured by the benchmark that owns the mechanism, called as a function (``bench.cell``,
+``bench.sync_write``, ``bench.inmemory_load``, ``bench.replica_peers``, ``bench.detectors``) or, where that bench
+only prints, by the same experiments run here. The host's load is sampled over the whole run and printed under the
+table: figures taken beside other work say so. A row that fails or cannot be measured in a reasonable time says
+why instead of a verdict. ``--quick`` runs each row on fewer or smaller runs (minutes, not tens of minutes): its
+verdicts are indicative only and labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from resilience.bench.cell import describe_load
+from resilience.record.events import read_events
+from resilience.record.host_load import HostLoadSampler
+
+MET, MISSED, UNMEASURED = "MET", "MISSED", "NOT MEASURED"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One figure of the table: its value as shown, its goal, whether the value meets it (None: not measured)."""
+
+    figure: str
+    value: str
+    goal: str
+    met: bool | None
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return UNMEASURED if self.met is None else MET if self.met else MISSED
+
+
+def unmeasured(figure: str, goal: str, why: str) -> Row:
+    return Row(figure, "-", goal, None, why)
+
+
+def render(rows: list[Row], header: str, footer: list[str]) -> str:
+    """The table as Markdown (it goes into docs/performance.md as printed), with the run's context around it."""
+    lines = [header, "", "| figure | value | goal | verdict | how measured |", "|---|---|---|---|---|"]
+    lines += [f"| {r.figure} | {r.value} | {r.goal} | {r.verdict} | {r.note} |" for r in rows]
+    counts = {v: sum(r.verdict == v for r in rows) for v in (MET, MISSED, UNMEASURED)}
+    return "\n".join([*lines, "", ", ".join(f"{n} {v}" for v, n in counts.items()), *footer])
+
+
+# --- the rows ---------------------------------------------------------------------------------------------------
+
+def cell_rows(out: Path, quick: bool) -> list[Row]:
+    from resilience.bench.cell import breakdown, table
+
+    b = breakdown([], repeats=1 if quick else 3, root=out)
+    print(table(b), flush=True)
+    p = b["phases"]
+    return [Row("fault-free cell wall time / training time inside it, gpt_tiny 30 steps", f"{b['ratio']:.2f}x",
+                "<= 2x", b["ratio"] <= 2,
+                f"bench.cell, median of {b['repeats']}: wall {b['wall_s']:.2f} s, training {p['training']:.2f} s; "
+                f"supervisor start {p['supervisor start']:.2f} s, rank start {p['rank start']:.2f} s, "
+                f"teardown {p['teardown']:.2f} s, result {p['result']:.2f} s, exit {p['exit']:.2f} s")]
+
+
+def matrix_row(results: Path) -> list[Row]:
+    """The default matrix's last measured span, from its cells' done.json (the probe and report not included)."""
+    figure, goal = "default matrix wall time on 2 idle cores", "<= 15 min"
+    done = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/done.json"))]
+    if not done:
+        return [unmeasured(figure, goal, f"not measured in this run: no cell in {results}/runs; measure with "
+                           "`time snakemake --cores 2` (docs/pipeline.md), then rerun this bench")]
+    start = min(d["started"] for d in done)
+    span_min = (max(d["started"] + d["elapsed_s"] for d in done) - start) / 60
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start))
+    noisy = sum(d.get("validity") == "noisy" for d in done)
+    return [Row(figure, f"{span_min:.1f} min", goal, span_min <= 15,
+                f"last pipeline run in {results} ({when}): {len(done)} cells' span from their done.json, the "
+                f"probe and report not included; {noisy} cell(s) noisy (measured on a busy host)")]
+
+
+def sync_write_rows(out: Path, quick: bool) -> list[Row]:
+    from resilience.bench.sync_write import measure
+
+    r = measure("dlrm_emb", rounds=1 if quick else 3, out_dir=out)
+    ratio = r["ratio_now_probe1"]
+    return [Row("sync durable write bandwidth / probed disk write bandwidth, dlrm_emb", f"{ratio:.0%}", ">= 70%",
+                ratio >= 0.70, f"bench.sync_write, median of {len(r['rounds'])} interleaved round(s): sync "
+                f"{r['GBps']['now']:.2f} GB/s, probe (1 GiB, fsync) {r['GBps']['probe_1']:.2f} GB/s")]
+
+
+def stalls(run_dir: Path) -> list[float]:
+    """Rank 0's stall of every checkpoint, in order (ckpt_begin to ckpt_stall_end)."""
+    rank0 = [e for e in read_events(run_dir) if e["rank"] == 0]
+    begins = {e["step"]: e["t_mono"] for e in rank0 if e["kind"] == "ckpt_begin"}
+    return [e["t_mono"] - begins[e["step"]] for e in rank0 if e["kind"] == "ckpt_stall_end" and e["step"] in begins]
+
+
+def async_rows(out: Path, quick: bool) -> list[Row]:
+    from resilience.bench.experiment import run_experiment
+
+    rows = []
+    for workload in ("dlrm_emb", "gpt_small"):
+        got = {}
+        for strategy in ("sync", "async"):  # fault-free, the same steps: 4 checkpoints, the first included
+            run_dir = out / f"stall-{workload}-{strategy}"
+            run_experiment(run_dir, [f"workload={workload}", f"strategy={strategy}", "steps=20", "checkpoint.every=5",
+                                     "world_size=2", "seed=0", "detector=[process_exit]"])
+            got[strategy] = stalls(run_dir)
+        base = statistics.median(got["sync"])
+        worst = max(got["async"]) / base
+        rows.append(Row(f"async stall / sync stall, {workload} (every checkpoint, the first included)",
+                        f"{worst:.1%} (worst)", "<= 5%", worst <= 0.05,
+                        "one fault-free run each, 4 checkpoints, rank 0: async stalls "
+                        + ", ".join(f"{s * 1e3:.0f}" for s in got["async"])
+                        + f" ms against sync's median {base * 1e3:.0f} ms"))
+    return rows
+
+
+def inmemory_rows(out: Path, quick: bool) -> list[Row]:
+    from resilience.bench.inmemory_load import one_run
+
+    workload = "gpt_small" if quick else "dlrm_emb"
+    loads = {s: [one_run(out, workload, s, "kill", i, False)["load_s"] for i in range(1 if quick else 2)]
+             for s in ("sync", "inmemory")}
+    sync_s, mem_s = statistics.median(loads["sync"]), statistics.median(loads["inmemory"])
+    return [Row(f"inmemory load / sync load speed, {workload}", f"{sync_s / mem_s:.1f}x", ">= 5x",
+                sync_s / mem_s >= 5, f"bench.inmemory_load.one_run, kill of rank 1 at step 12, median of "
+                f"{len(loads['sync'])}: sync {sync_s:.3f} s, inmemory {mem_s:.3f} s (critical path of the load)")]
+
+
+def replica_rows(out: Path, quick: bool) -> list[Row]:
+    from resilience.bench.experiment import run_experiment
+    from resilience.bench.replica_peers import BASE, WAYS, floor_limits, floor_s
+
+    limits = floor_limits(out)
+    rows = []
+    for workload in ("gpt_small",) if quick else ("gpt_small", "dlrm_emb"):
+        r = run_experiment(out / f"replica-{workload}", [f"workload={workload}", *BASE, *WAYS["replica"]],
+                           timeout_s=900)
+        floor = floor_s(r.get("heal_bytes"), limits)
+        if r.get("recovery_time_s") is None or floor is None:
+            rows.append(unmeasured(f"replica recovery / (replacement start + transfer floor), {workload}", "<= 1.5x",
+                                   f"run status {r['status']}: no recovery time or heal bytes to compare"))
+            continue
+        ratio = r["recovery_time_s"] / floor
+        rows.append(Row(f"replica recovery / (replacement start + transfer floor), {workload}", f"{ratio:.2f}x",
+                        "<= 1.5x", ratio <= 1.5 and r.get("survivors_restarted") is not True,
+                        f"one kill of rank 1 at step 13: recovery {r['recovery_time_s']:.2f} s, floor {floor:.2f} s "
+                        f"(rank start {limits['rank_start_s']:.2f} s, probe {limits['source']}, + "
+                        f"{r['heal_bytes'] / 1e6:.0f} MB at {limits['p2p_GBps']:.2f} GB/s); survivors restarted: "
+                        f"{r.get('survivors_restarted')}"))
+    return rows
+
+
+def fingerprint_rows(out: Path, quick: bool) -> list[Row]:
+    """``bench.detectors.fingerprint_rows``'s runs, one alternated pair per workload, returning the figures."""
+    from resilience.bench.detectors import FP_STEPS, coverage, step_period_s
+    from resilience.bench.experiment import run_experiment
+
+    rows = []
+    for workload in ("gpt_tiny",) if quick else tuple(FP_STEPS):
+        period = {}
+        for label, dets in (("without", "process_exit"), ("with", "process_exit,replica_fingerprint")):
+            run_dir = out / f"fp-{workload}-{label}"
+            run_experiment(run_dir, [f"workload={workload}", "world_size=2", "strategy=none", "seed=0",
+                                     f"steps={FP_STEPS[workload]}", f"detector=[{dets}]"])
+            period[label] = step_period_s(run_dir)
+        cov = coverage(out / f"fp-{workload}-with") or {}
+        over = (period["with"] - period["without"]) / period["without"]
+        rows.append(Row(f"fingerprint overhead at default every, {workload}", f"{over:+.2%}", "<= 2% of step",
+                        over <= 0.02, f"one pair of runs, median step period of rank 0: {period['with'] * 1e3:.1f} "
+                        f"ms with, {period['without'] * 1e3:.1f} ms without; every {cov.get('every', '-')}, "
+                        f"coverage in {cov.get('coverage_steps', '-')} steps"))
+    return rows
+
+
+def detection_rows(out: Path, quick: bool) -> list[Row]:
+    from resilience.bench.detectors import BASE
+    from resilience.bench.experiment import run_experiment
+
+    kill = run_experiment(out / "kill", [*BASE, "seed=0", "steps=30", "fault=kill", "fault.at_step=13"])
+    hang = run_experiment(out / "hang", [*BASE, "seed=0", "steps=30", "fault=hang", "fault.at_step=13",
+                                         "timeouts.heartbeat_s=2"])
+    rows = []
+    for what, r, limit, goal in (("process-death detection", kill, 1.0, "<= 1 s"),
+                                 ("hang detection (heartbeat_s=2)", hang, 3.0, "<= heartbeat_s + 1 s = 3 s")):
+        lat = r.get("detection_latency_s")
+        if lat is None:
+            rows.append(unmeasured(what, goal, f"not detected (run status {r['status']})"))
+            continue
+        rows.append(Row(what, f"{lat:.3f} s", goal, lat <= limit and r.get("detected_rank_correct") is True,
+                        f"one run, gpt_tiny: detected by {r['detector']}, blamed rank {r['detected_rank']} "
+                        f"(injected {r['fault_rank']})"))
+    return rows
+
+
+SECTIONS: dict[str, Callable[[Path, bool], list[Row]]] = {
+    "cell": cell_rows, "sync_write": sync_write_rows, "async": async_rows, "inmemory": inmemory_rows,
+    "replica": replica_rows, "fingerprint": fingerprint_rows, "detection": detection_rows}
+GOALS = {"cell": "<= 2x", "sync_write": ">= 70%", "async": "<= 5%", "inmemory": ">= 5x", "replica": "<= 1.5x",
+         "fingerprint": "<= 2% of step", "detection": "<= 1 s; <= heartbeat_s + 1 s"}
+
+
+def measure(section: str, out: Path, quick: bool) -> list[Row]:
+    """One section's rows; a section that fails is one row saying why (the others still run)."""
+    t0 = time.monotonic()
+    print(f"[speed] {section} ...", flush=True)
+    try:
+        (out / section).mkdir(parents=True, exist_ok=True)
+        rows = SECTIONS[section](out / section, quick)
+    except Exception as exc:  # noqa: BLE001 (one broken bench must not hide the other figures)
+        traceback.print_exc()
+        rows = [unmeasured(section, GOALS[section], f"the bench failed: {type(exc).__name__}: {str(exc)[:200]}")]
+    print(f"[speed] {section}: {time.monotonic() - t0:.0f} s", flush=True)
+    return rows
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.speed", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer, smaller runs per row (indicative verdicts)")
+    ap.add_argument("--only", nargs="+", choices=list(SECTIONS), help="measure these rows only")
+    ap.add_argument("--out", type=Path, default=None, help="where the runs go (default results/speed/<time>)")
+    ap.add_argument("--results", type=Path, default=Path("results"), help="the pipeline's results, for the matrix row")
+    args = ap.parse_args(argv)
+    out = args.out or Path("results/speed") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    host = HostLoadSampler(1.0).start()
+    rows: list[Row] = []
+    for section in args.only or list(SECTIONS):
+        rows += measure(section, out, args.quick)
+        if section == "cell" and not args.only:
+            rows += matrix_row(args.results)
+    load = host.stop()
+    header = (f"speed benchmark{' (--quick: indicative only)' if args.quick else ''}, commit {commit()}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min")
+    print("\n" + render(rows, header, [describe_load(load), f"runs in {out}"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
