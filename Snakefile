@@ -25,6 +25,10 @@ from reports.pipeline import cell_states, failed_count, state_table, stop_jobs_o
 from reports.limits import snapshot_dir
 from reports.matrix import MatrixError, load_matrix
 
+
+include: "workflow/slurm/settings.smk"  # profiles/slurm: account and partition set, or one line before any job
+
+
 try:
     MATRIX = load_matrix(str(config.get("matrix", "default")), check=True)  # every cell, as the command checks it
 except MatrixError as exc:  # one line naming the key, not a traceback
@@ -48,7 +52,7 @@ CELLS_TO_RUN = any(not (d / "done.json").exists() for d in RUN_DIRS)
 PROBE = os.environ.setdefault("RB_PROBE", str(snapshot_dir(Path(RESULTS), CELLS_TO_RUN, PROBE_MAX_AGE_H * 3600)))
 # The environment (torch.utils.collect_env and more) is captured once per pipeline run, in the probe snapshot;
 # each cell's result.json names it instead of spending a second per cell on its own copy.
-os.environ.setdefault("RB_ENVIRONMENT", str(Path(PROBE, "environment.json").resolve()))
+os.environ["RB_ENVIRONMENT"] = str(Path(PROBE, "environment.json").resolve())  # follows RB_PROBE
 ENV = "workflow/envs/bench.yaml"
 CAPTIONS = "reports/captions"
 REPORT_CODE = sorted(str(p) for p in [*Path("reports").glob("*.py"), *Path(CAPTIONS).glob("*.rst")])
@@ -61,6 +65,12 @@ PROJECTION_FIGURES = list(registry.PROJECTED)
 os.environ.update(
     PATH=os.pathsep.join([str(Path(config.get("python", sys.executable)).parent), os.environ.get("PATH", "")])
 )
+
+
+localrules:
+    aggregate,
+    project,
+    report,  # seconds of work: on the submit node, not a batch job each (profiles/slurm)
 
 
 wildcard_constraints:
@@ -77,13 +87,11 @@ onstart:
 onsuccess:
     states = cell_states(RUN_DIRS)
     print(state_table(states))
+    if Path(f"{RESULTS}/report/index.html").exists():
+        print(f"report: {RESULTS}/report/index.html")
     if failed_count(states) and not ALLOW_FAILED:
-        print(
-            f"error: {failed_count(states)} cell(s) failed; report: {RESULTS}/report/index.html "
-            f"(--config allow_failed=true exits 0)"
-        )
+        print(f"error: {failed_count(states)} cell(s) failed (--config allow_failed=true exits 0)")
         sys.exit(1)
-    print(f"report: {RESULTS}/report/index.html")
 
 
 onerror:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from resilience import child
 from resilience.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
+from resilience.record.environment import ENV_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +45,15 @@ def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict
     assert processes_mentioning(str(run_dir)) == [], "rank processes outlived the run"
     assert list(SHM_DIR.glob(f"*{run_id(run_dir)}*")) == [], "shared memory outlived the run"
     return json.loads((run_dir / "result.json").read_text())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_environment(tmp_path_factory):
+    """Every run of the session names one environment.json, captured by the first (torch.utils.collect_env costs
+    0.4-4 s a run), as pipeline cells name their probe snapshot's."""
+    os.environ[ENV_VAR] = str(tmp_path_factory.mktemp("environment") / "environment.json")  # children inherit it
+    yield
+    os.environ.pop(ENV_VAR, None)
 
 
 @pytest.fixture(scope="session")

@@ -50,20 +50,17 @@ def test_snakefile_is_formatted():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("matrix", available())
 def test_dry_run_of_every_matrix_plans_each_cell_once(matrix, tmp_path):
-    done = snakemake("-n", "--config", f"matrix={matrix}", f"results={tmp_path}")  # cores: the profile's
+    # The smoke matrix without results=: each matrix has its own folder by default (a dry run writes nothing).
+    results = [] if matrix == "smoke" else [f"results={tmp_path}"]
+    done = snakemake("-n", "--config", f"matrix={matrix}", *results)  # cores: the profile's
     assert done.returncode == 0, done.stdout[-3000:]
     cells = len(load_matrix(matrix).cells)
     assert re.search(rf"^run\s+{cells}$", done.stdout, re.MULTILINE), done.stdout[-2000:]
     for rule in ("probe", "aggregate", "project", "report"):
         assert rule in done.stdout
     assert max(len(p.name) for p in map(Path, re.findall(r"\S+/runs/[^/\s]+", done.stdout))) < 64
-
-
-@pytest.mark.timeout(60)
-def test_each_matrix_has_its_own_results_folder_by_default():
-    done = snakemake("-n", "--config", "matrix=smoke")
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert "results/smoke/report/index.html" in done.stdout and "results/smoke/summary.parquet" in done.stdout
+    if matrix == "smoke":
+        assert "results/smoke/report/index.html" in done.stdout and "results/smoke/summary.parquet" in done.stdout
 
 
 @pytest.mark.timeout(60)
@@ -183,7 +180,7 @@ def test_a_failed_cell_fails_the_pipeline_unless_allowed(tmp_path):
     assert allowed.returncode == 0 and "cell states:" in allowed.stdout, allowed.stdout[-3000:]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_sigterm_to_snakemake_alone_stops_the_running_cell_its_ranks_and_shared_memory(tmp_path):
     matrix = one_cell_matrix(tmp_path, strategy="inmemory", steps=2000, every=2)  # snapshots in /dev/shm
     results = tmp_path / "results"
@@ -193,7 +190,7 @@ def test_sigterm_to_snakemake_alone_stops_the_running_cell_its_ranks_and_shared_
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # a signal to its group would reach the cell directly
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 200  # about 15 s on a quiet machine; 100 s seen at a load average of 27
         while not list(SHM_DIR.glob(shm)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert list(SHM_DIR.glob(shm)), "the cell never held a snapshot in shared memory"

@@ -30,6 +30,8 @@ def fixture_run(tmp_path: Path) -> Path:
 def test_start_host_commit_and_versions_name_the_pipelines_environment(tmp_path, monkeypatch):
     run_dir = fixture_run(tmp_path)
     shared = tmp_path / "probe" / "20260101T000000Z" / "environment.json"
+    shared.parent.mkdir(parents=True)
+    shared.write_text("{}")  # the probe rule's
     monkeypatch.setenv(environment.ENV_VAR, str(shared))
     events = read_events(run_dir)
     p = provenance(run_dir, events)
@@ -40,7 +42,7 @@ def test_start_host_commit_and_versions_name_the_pipelines_environment(tmp_path,
     assert p["git_commit"] == head.strip() and isinstance(p["git_dirty"], bool)
     assert p["torch"].startswith("2.") and p["python"].count(".") == 2
     assert (run_dir / p["environment"]).resolve() == shared.resolve()  # named, not captured again per cell
-    assert not (run_dir / "environment.json").exists()
+    assert not (run_dir / "environment.json").exists() and shared.read_text() == "{}"
 
 
 def test_a_recomputation_keeps_the_runs_commit_and_versions(tmp_path, monkeypatch):
