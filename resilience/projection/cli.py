@@ -138,7 +138,7 @@ def run(cfg: Mapping[str, Any], default_out_dir: Path | None = None, cwd: Path |
         files.append(write_png(fig, out_dir / name))
         plots.close(fig)
     text = format_summary(scn, summary, settings.example_stalls_s, mc_seconds, settings.trials, str(out_dir),
-                          measured, band, calibration)
+                          measured, band, calibration, tables["projection_winner_grid.csv"])
     return ProjectionRun(text, files)
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass

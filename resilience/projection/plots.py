@@ -96,7 +96,7 @@ def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
             text[i, j] = "none\nfeasible" if pd.isna(name) else \
                 f"{name}\n{v:.2f}" + (f"\n(+{d:.2f})" if np.isfinite(d) else "")
             if changes is not None and isinstance(changes.iat[i, j], str) and " / " in changes.iat[i, j]:
-                text[i, j] = changes.iat[i, j].replace(" / ", " ->\n") + "\n(in band)"
+                text[i, j] = changes.iat[i, j].replace(" / ", " ->\n") + f"\n{v:.2f}"
     fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.75 * len(index) + 2.5))
     colors = ListedColormap(list(_palette(strategies).values()))
     sns.heatmap(numeric, annot=text, fmt="", cmap=colors, vmin=-0.5, vmax=len(strategies) - 0.5, cbar=False,
@@ -106,7 +106,8 @@ def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
             for j in range(codes.shape[1]):
                 if isinstance(changes.iat[i, j], str) and " / " in changes.iat[i, j]:
                     ax.add_patch(plt.Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="black", lw=0))
-        title += "\nhatched: the winner changes inside the failure band (winners from the most failures to the fewest)"
+        title += ("\nhatched: the winner changes inside the failure band (winners from the most failures to the "
+                  "fewest;\ncolour and goodput: at the scenario's calibration)")
     ax.invert_yaxis()  # small checkpoints at the bottom
     ax.set_xlabel("GPUs")
     ax.set_ylabel("checkpoint size (TB)")

@@ -51,7 +51,7 @@ def calibration_lines(band: FailureBand, calibration: pd.DataFrame, gpus: int) -
 
 def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple[float, ...], mc_seconds: float,
                    trials: int, outputs: str, measured: str | None, band: FailureBand | None = None,
-                   calibration: pd.DataFrame | None = None) -> str:
+                   calibration: pd.DataFrame | None = None, winners: pd.DataFrame | None = None) -> str:
     """Summary of a projection run; ``summary`` is :func:`resilience.projection.sweeps.strategy_summary`'s table.
     Goodput is printed to the precision the failure band supports, with the band beside it."""
     f = scn.failure
@@ -102,6 +102,12 @@ def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple
     if f.distribution != "exponential":
         lines.append(f"  (goodput: closed form for exponential failures with the same MTBF; Monte Carlo: "
                      f"{f.distribution}{shape})")
+    if winners is not None and "winner_changes_in_band" in winners:
+        cells = winners[winners["winner"]]
+        changed = cells[cells["winner_changes_in_band"]]
+        lines += ["", f"Winner map: the winner changes inside the failure band in {len(changed)} of {len(cells)} cells"
+                      + "".join(f"\n  {r.gpus:,} GPUs, {r.ckpt_TB:g} TB: {r.winners_in_band}"
+                                for r in changed.head(5).itertuples())]
     lines += ["", f"Monte Carlo: {len(summary)} strategies x {trials:,} trials x {scn.duration_days:g} days "
                   f"({f.distribution} failures) in {mc_seconds:.2f} s",
               f"Outputs: {outputs}"]
