@@ -55,17 +55,32 @@ def job_commands() -> list[psutil.Process]:
     for proc in psutil.Process().children(recursive=True):
         try:
             args = proc.cmdline()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.Error:
             continue
         if "-m" in args[:-1] and args[args.index("-m") + 1].startswith("reports"):
             found.append(proc)
     return found
 
 
+def stop_jobs() -> None:
+    """SIGTERM to each running job's command. A cell stops its own supervisor and ranks, in order; the other rules'
+    commands do not handle the signal, so what they started (the probe's test ranks) is told too."""
+    for proc in job_commands():
+        try:
+            targets = [proc] if "reports.cell" in proc.cmdline() else [proc, *proc.children(recursive=True)]
+        except psutil.Error:  # it ended meanwhile
+            continue
+        for target in targets:
+            try:
+                target.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+
+
 def stop_jobs_on_signal() -> None:
-    """On SIGTERM or SIGINT, pass SIGTERM to the running jobs' commands, then call the handler installed before
-    (Snakemake's: stop scheduling, mark outputs incomplete). Called from ``onstart``, after Snakemake's scheduler
-    has installed its own SIGTERM handler."""
+    """On SIGTERM or SIGINT, :func:`stop_jobs`, then call the handler installed before (Snakemake's: stop
+    scheduling, mark outputs incomplete). Called from ``onstart``, after Snakemake's scheduler has installed its
+    own SIGTERM handler."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
         if previous == signal.SIG_IGN:  # started to ignore it (nohup, a background job): keep ignoring it
@@ -74,11 +89,7 @@ def stop_jobs_on_signal() -> None:
         def handler(signum: int, frame: Any, previous: Any = previous) -> None:
             if signum == signal.SIGTERM and callable(previous):
                 previous(signum, frame)  # first: no new job starts once the running ones are told to stop
-            for proc in job_commands():
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                except psutil.NoSuchProcess:
-                    pass
+            stop_jobs()
             if signum == signal.SIGINT and callable(previous):
                 previous(signum, frame)  # Python's default: KeyboardInterrupt, which Snakemake handles
             elif not callable(previous):
