@@ -24,6 +24,7 @@ from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
 from resilience.identity import RunIdentity
+from resilience.config import on_this_node
 from resilience.roles import build_roles
 from resilience.runtime import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
@@ -159,7 +160,8 @@ def rollback_bound(run_dir: Path, attempt: int) -> int | None:
 def main(argv: list[str]) -> None:
     if len(argv) != 2:
         sys.exit("usage: python -m resilience.rank RUN_DIR/config.yaml")
-    cfg = OmegaConf.load(argv[1])
+    # torchrun across nodes: the prepared config says ``auto`` and this node decides (resilience.config)
+    cfg = on_this_node(OmegaConf.load(argv[1]), local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     prepared = wait_as_spare(cfg, configure_determinism, redirect_output) if SPARE_ENV in os.environ else None
     run_rank(cfg, prepared)
 
