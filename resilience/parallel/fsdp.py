@@ -37,7 +37,7 @@ class FullyShardedParallel(Parallelism):
         if sparse:
             raise ValueError(f"parallel={name}: the workload's embeddings have sparse gradients ({sparse[0]}, ...), "
                              f"which FSDP's reduce-scatter cannot shard; use parallel=ddp")
-        if not strategy.handles_sharded_state():
+        if strategy.saves and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} does not save sharded state; use "
                              f"strategy=sync or strategy=dcp_async (executor=thread)")
         if injector.hooks_reduction or injector.name == "bitflip":

@@ -50,6 +50,11 @@ class SyncCheckpoint(CheckpointStrategy):
         return True
 
     def handles_sharded_state(self) -> bool:
+        # DCP writes each rank's DTensor shards and reshards on load; a subclass with a save path of its own
+        # (async, inmemory, the libraries') says for itself
+        return type(self)._save is SyncCheckpoint._save
+
+    def handles_sharded_state(self) -> bool:
         return True  # DCP writes each rank's DTensor shards and reshards on load
 
     def handles_sharded_state(self) -> bool:
