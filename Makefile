@@ -51,5 +51,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The smoke matrix through profiles/slurm on a real single-node SLURM cluster that the test starts and stops
+# (tests/test_slurm.py, workflow/slurm/local_cluster.py); minutes, so not part of `make test`. Installs Debian's
+# packages when missing (root and apt) and the `slurm` extra.
+SLURM_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
+.PHONY: test-slurm
+test-slurm: $(STAMP)
+	@for t in slurmctld slurmd slurmdbd munged mariadbd; do command -v $$t >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then echo "[test-slurm] apt-get install $(SLURM_PACKAGES)"; apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES); fi
+	@echo "[test-slurm] the slurm extra" && $(PY) -m pip install -q -c $(LOCK) -e '.[slurm]'
+	$(PY) -m pytest tests/test_slurm.py -m slurm
+
 clean:
 	rm -rf results outputs .pytest_cache

@@ -1,0 +1,137 @@
+"""SLURM: the profile's settings, the conda environment, and the smoke matrix through profiles/slurm on a real
+single-node cluster (workflow/slurm/local_cluster.py: munge, MariaDB, slurmdbd, slurmctld, slurmd).
+
+The cluster test takes minutes (four 2-rank cells one after another on a 2-core machine, each a batch job that
+starts its own Snakemake), so it runs only when selected: `pytest -m slurm`, or `make test-slurm`, which also
+installs Debian's packages and the `slurm` extra. Without the packages it is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import ROOT, processes_mentioning, run_module
+
+sys.path.insert(0, str(ROOT / "workflow" / "slurm"))
+from local_cluster import ACCOUNT, PACKAGES, PARTITION, LocalSlurm, missing_tools  # noqa: E402
+
+PLUGIN = importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None
+needs_plugin = pytest.mark.skipif(not PLUGIN, reason="snakemake-executor-plugin-slurm is not installed "
+                                  "(pip install -c workflow/envs/constraints.txt -e '.[slurm]')")
+
+
+def snakemake_slurm(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``snakemake --profile profiles/slurm ARGS`` from the repository root (stdout and stderr together)."""
+    return run_module("snakemake", "--profile", "profiles/slurm", *args, timeout=timeout, merge_stderr=True)
+
+
+@needs_plugin
+@pytest.mark.timeout(120)
+def test_profile_without_account_or_partition_stops_in_one_line_before_any_job(tmp_path, monkeypatch):
+    """Unset, the profile's `$SBATCH_ACCOUNT` would pass a dry run and fail at the first sbatch (or let the
+    executor plugin guess an account); the Snakefile stops at once instead. The cluster test below runs the
+    profile with both set."""
+    for var in ("SBATCH_ACCOUNT", "SBATCH_PARTITION"):
+        monkeypatch.delenv(var, raising=False)
+    results = tmp_path / "results"
+    done = snakemake_slurm("-n", "--config", "matrix=smoke", f"results={results}", timeout=100)
+    assert done.returncode != 0
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: SLURM: slurm_account \('\$SBATCH_ACCOUNT'\) and slurm_partition "
+                        r"\('\$SBATCH_PARTITION'\) not set: export SBATCH_ACCOUNT=.*", last), done.stdout[-2000:]
+    assert not results.exists()  # stopped before the probe snapshot or anything else was made
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_conda_env_has_every_dependency_at_the_locked_version():
+    """workflow/envs/bench.yaml (the rules' software on a cluster without the venv) installs what the venv does,
+    at the versions of workflow/envs/constraints.txt, and takes torch from conda-forge's CPU/CUDA-aware build."""
+    env = yaml.safe_load((ROOT / "workflow/envs/bench.yaml").read_text())
+    conda = dict(d.split("=", 1) for d in env["dependencies"] if isinstance(d, str) and "=" in d)
+    pip = [p for d in env["dependencies"] if isinstance(d, dict) for p in d["pip"]]
+    pins = {normalized(re.sub(r"\[.*\]", "", p.split("==")[0])): p.split("==")[1] for p in pip}
+    assert all("==" in p for p in pip), pip
+    lock = dict(line.split("==") for line in (ROOT / "workflow/envs/constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    lock = {normalized(k): v for k, v in lock.items()}
+    for name, version in pins.items():
+        assert lock.get(name) == version, f"bench.yaml pins {name}=={version}, the lock says {lock.get(name)}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    needed = list(project["dependencies"]) + [d for extra in ("torchsnapshot", "nvrx", "dlrover", "torchft")
+                                              for d in extras[extra]]
+    for requirement in needed:
+        name = normalized(re.split(r"[<>=\[;\s]", requirement, maxsplit=1)[0])
+        if name == "torch":
+            assert conda["pytorch"] == requirement.split("==")[1], "torch: pyproject and bench.yaml disagree"
+        else:
+            assert name in pins, f"{requirement} (pyproject.toml) is missing from workflow/envs/bench.yaml"
+    assert "torch" not in pins, "torch from pip would be a CUDA wheel on CPU nodes; conda-forge's pytorch is not"
+
+
+def selected(config: pytest.Config) -> bool:
+    return re.search(r"(?<!not )\bslurm\b", config.getoption("markexpr") or "") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(1500)
+def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_path, monkeypatch):
+    if not selected(request.config):
+        pytest.skip("a real SLURM cluster, minutes end to end: runs when selected (pytest -m slurm; make test-slurm)")
+    if missing := missing_tools():
+        pytest.skip(f"SLURM packages not installed ({' '.join(missing)} missing): apt-get install {PACKAGES}, "
+                    "or make test-slurm")
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster runs slurmctld and slurmd as root")
+    if not PLUGIN:
+        pytest.skip("snakemake-executor-plugin-slurm is not installed: pip install -e '.[slurm]' (make test-slurm)")
+    # Not tmp_path: pytest's is private to root, and munged and mariadbd run as their own users.
+    cluster = LocalSlurm(Path(tempfile.mkdtemp(prefix="rb-slurm-")))
+    results = tmp_path / "results"
+    try:
+        started = time.monotonic()
+        cluster.up(timeout_s=120)
+        up_s = time.monotonic() - started
+        for var, value in (("SLURM_CONF", cluster.conf), ("SBATCH_ACCOUNT", ACCOUNT), ("SBATCH_PARTITION", PARTITION)):
+            monkeypatch.setenv(var, str(value))
+        done = snakemake_slurm("--config", "matrix=smoke", f"results={results}", timeout=1200)
+        run_s = time.monotonic() - started - up_s
+        assert done.returncode == 0, done.stdout[-6000:]
+        # Every cell ran, recovered and matched its reference, and the report was made.
+        summary = pd.read_csv(results / "summary.csv")
+        assert len(summary) == 4 and set(summary["state"]) <= {"ok", "noisy"}, summary[["cell", "state", "error"]]
+        assert summary["matches_reference"].tolist() == [True] * 4
+        assert (results / "report" / "index.html").stat().st_size > 10_000
+        # As batch jobs of the test account and partition, each COMPLETED according to SLURM's accounting (what
+        # the executor plugin polls); the light rules ran on the submit node.
+        jobs = [line.split("|") for line in cluster.run("sacct", "-X", "-n", "--parsable2", "-o",
+                                                        "JobID,State,Account,Partition,ExitCode").stdout.split()]
+        assert len(jobs) == 5 and {tuple(j[1:]) for j in jobs} == {("COMPLETED", ACCOUNT, PARTITION, "0:0")}, jobs
+        submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", done.stdout)
+        assert sorted(submitted, key=int) == [j[0] for j in jobs], done.stdout[-3000:]
+        for rule in ("aggregate", "project", "report"):
+            assert re.search(rf"^localrule {rule}:$", done.stdout, re.MULTILINE), done.stdout[-3000:]
+        print(f"SLURM smoke: cluster up in {up_s:.0f} s, smoke matrix through profiles/slurm in {run_s:.0f} s")
+    finally:
+        left = cluster.down(timeout_s=60)
+        shutil.copytree(cluster.root / "log", tmp_path / "slurm-logs", dirs_exist_ok=True)  # for a failure
+        shutil.rmtree(cluster.root, ignore_errors=True)
+    assert left == [], f"still running after the cluster stopped: {left}"
+    assert processes_mentioning(str(cluster.root)) == [] and processes_mentioning(str(results)) == []
