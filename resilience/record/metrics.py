@@ -28,7 +28,10 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     if launch is None and events:  # launched by torchrun: no supervisor events, the ranks' own span
         launch, end = events[0], {**events[-1], "outcome": "succeeded" if run_ends else "failed"}
 
-    status = _status(end, len(run_ends) == run["world_size"], fault is not None, launch is not None)
+    # every rank of the final attempt ended; after recovery=shrink it has fewer ranks than the run started with
+    final_world = next((e["world_size"] for e in events if e["kind"] == "run_start" and e["attempt"] == final_attempt
+                        and "world_size" in e), run["world_size"])
+    status = _status(end, len(run_ends) == final_world, fault is not None, launch is not None)
 
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,

@@ -31,10 +31,11 @@ class ObservedAgent(LocalElasticAgent):
     """The elastic agent, reporting what it sees to the event log and the console."""
 
     def __init__(self, *args, events: EventLog, observer: Observer, policy: str, services: list[AgentService],
-                 **kwargs) -> None:
+                 shrink=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._events, self._observer, self._policy, self._services = events, observer, policy, services
         self._reported = False  # one failure per attempt: later failures are the same fault spreading
+        self._shrink, self._failed = shrink, []  # recovery=shrink: the world size after a failure of these ranks
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Look before the agent does: on the first failure its poll also SIGTERMs the surviving ranks and waits
@@ -43,12 +44,14 @@ class ObservedAgent(LocalElasticAgent):
             exited = self._failed_exit_codes(worker_group)
             if exited:
                 self._reported = True
+                self._failed = sorted(exited)
                 self._observer.exited(exited)
                 self._resume_all()  # the agent's poll is about to stop the others
             else:
                 doomed = self._observer.poll()
                 if doomed:
                     self._reported = True
+                    self._failed = sorted(doomed)
                     pids = self._pcontext.pids()
                     for w in worker_group.workers:
                         if w.global_rank in doomed:
@@ -82,6 +85,11 @@ class ObservedAgent(LocalElasticAgent):
         used = worker_group.spec.max_restarts - self._remaining_restarts
         self._events.emit("restart", policy=self._policy, restart=used, max_restarts=worker_group.spec.max_restarts)
         say(f"restarting all ranks (restart {used} of {worker_group.spec.max_restarts})")
+        if self._shrink is not None:  # only the ranks of the nodes that are left start again
+            size = self._shrink(worker_group.spec.local_world_size, self._failed)
+            self._events.emit("world_resized", world_size=size, failed_ranks=self._failed)
+            say(f"going on with {size} ranks")
+            worker_group.spec.local_world_size = self._observer.world_size = size
         reset_board(self._observer.run_dir, worker_group.spec.local_world_size)
         self._reported = False
         for service in self._services:  # e.g. DLRover's saver releases its shared-memory locks (as its agent does)
@@ -124,6 +132,7 @@ class ElasticSupervisor(Supervisor):
             observer=observer,
             policy=self.policy.name,
             services=services,
+            shrink=getattr(self.policy, "world_after", None),
         )
         started: list[AgentService] = []
         try:

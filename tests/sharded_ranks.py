@@ -1,0 +1,96 @@
+"""Rank processes of tests/test_sharded.py, started by ``torch.multiprocessing`` (spawn): kept apart from the test
+module so that a rank imports torch and the few modules it uses, not the command and Hydra."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def spawn(fn, world: int, *args) -> None:
+    """``fn(rank, world, store, *args)`` on ``world`` gloo ranks in fresh processes; fails if any rank fails."""
+    store = Path(args[0]) / f"store{world}"
+    mp.start_processes(fn, args=(world, str(store), *args), nprocs=world, start_method="spawn", join=True)
+
+
+def _join(rank: int, world: int, store: str) -> None:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+
+
+def reduce_scatter_rank(rank: int, world: int, store: str, tmp: str) -> None:
+    from resilience.parallel.ordered import OrderedReduceScatter
+
+    _join(rank, world, store)
+    g = torch.Generator().manual_seed(1000 + rank)
+    inputs = [torch.randn(world * 1000, generator=torch.Generator().manual_seed(1000 + r)) for r in range(world)]
+    mine = torch.randn(world * 1000, generator=g)
+    assert torch.equal(mine, inputs[rank])
+    out = torch.empty(1000)
+    OrderedReduceScatter()(out, mine, dist.group.WORLD, dist.ReduceOp.AVG)
+    expected = inputs[0][rank * 1000:(rank + 1) * 1000].clone()
+    for part in inputs[1:]:
+        expected += part[rank * 1000:(rank + 1) * 1000]
+    expected /= world
+    assert torch.equal(out, expected), "not the rank-order sum, bit for bit"
+    dist.destroy_process_group()
+
+
+def _sharded_state(world: int, tmp: str, steps: int):
+    """A small GPT sharded by FSDP over ``world`` ranks, trained ``steps`` steps (Adam has state)."""
+    from resilience.parallel.fsdp import FullyShardedParallel
+    from resilience.state import TrainState
+    from resilience.workloads.gpt import GPTWorkload
+
+    wl = GPTWorkload(0, d_model=32, n_layer=2, n_head=2, seq_len=16)
+    model = FullyShardedParallel().wrapper(torch.device("cpu"), world, None, False)(wl.build_model())
+    state = TrainState(model, wl.build_optimizer(model))
+    for step in range(steps):
+        wl.loss(model, wl.batch(step, dist.get_rank(), torch.device("cpu"))).backward()
+        state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+    return state
+
+
+def save_rank(rank: int, world: int, store: str, tmp: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    _join(rank, world, store)
+    state = _sharded_state(world, tmp, steps=2)
+    dcp.save(state.state_dict(), checkpoint_id=f"{tmp}/ckpt")  # each rank writes its shards
+    full = state.full_state_dict()
+    if rank == 0:
+        torch.save(full, f"{tmp}/saved_full.pt")
+    dist.destroy_process_group()
+
+
+def load_rank(rank: int, world: int, store: str, tmp: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from resilience.state import state_sha256
+
+    _join(rank, world, store)
+    state = _sharded_state(world, tmp, steps=1)  # other values than saved: the load must overwrite them all
+    sd = state.state_dict()
+    dcp.load(sd, checkpoint_id=f"{tmp}/ckpt")  # resharded: 4 ranks' shards read into 2 ranks' shards
+    state.load_state_dict(sd)
+    loaded = state.full_state_dict()
+    saved = torch.load(f"{tmp}/saved_full.pt", weights_only=False)
+    assert state_sha256(loaded) == state_sha256(saved)
+    for part in ("model", "optim"):
+        flat_saved, flat_loaded = _flat(saved[part]), _flat(loaded[part])
+        assert flat_saved.keys() == flat_loaded.keys()
+        for key, value in flat_saved.items():
+            assert torch.equal(value, flat_loaded[key]) if isinstance(value, torch.Tensor) \
+                else value == flat_loaded[key], key
+    dist.destroy_process_group()
+
+
+def _flat(obj, prefix: str = "") -> dict:
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in _flat(val, f"{prefix}{key}.").items()}
+    return {prefix: obj}
