@@ -177,6 +177,7 @@ def test_corrupt_snapshot_fails_its_crc_and_disk_is_used(one_rank):
     saver = strategy_on(run_dir, 0, persist_every=2, verify=True)
     saver.save(2, 10, state)  # memory and disk
     saver.save(3, 10, state)  # memory only
+    saver.wait()  # the snapshot's CRC32 and commit follow the stall
     expected = state_sha256(state.state_dict())
     info = saver.own.find(3)
     view = saver.own.view(shm_store.PAGE + info.index * saver.own.slot_cap + 100, 1)
@@ -255,3 +256,26 @@ def test_unrecovered_run_leaves_no_segment(tmp_path):
     assert result["status"] == "unrecovered"
     assert any(e["kind"] == "ckpt_memory_saved" for e in read_events(run_dir))  # there were segments to remove
     assert no_segments_left(run_dir)
+
+
+@pytest.mark.timeout(60)
+def test_only_the_copy_is_inside_the_stall_the_crc_and_commit_follow_it(one_rank, monkeypatch):
+    import threading
+
+    release = threading.Event()
+    real = Area.crc32
+
+    def held(self, *args, **kwargs):
+        assert release.wait(30), "the test never released the CRC32"
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Area, "crc32", held)
+    saver = strategy_on(one_rank, 0, persist_every=1000)
+    saver.save(2, 10, trained_state(2))  # returns: the stall is over
+    assert saver.own.slots() == []  # the slot is written but neither summed nor committed yet
+    assert [e["kind"] for e in read_events(one_rank)][-1] == "ckpt_stall_end"
+    release.set()
+    saver.wait()
+    assert [s.step for s in saver.own.slots()] == [2] and saver.own.find(2).crc is not None
+    saver.close()
+    saver.rt.events.close()

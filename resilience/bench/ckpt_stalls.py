@@ -4,8 +4,9 @@ For each workload (default ``dlrm_emb`` and ``gpt_small``; 2 ranks) it runs one 
 (default ``sync``, ``async``, ``inmemory``), interleaved, and takes from the events each checkpoint's stall: from
 ``ckpt_begin`` to ``ckpt_stall_end``, the slower rank's. It prints them per checkpoint with the ratio to ``sync``'s
 stall of the same checkpoint (goal for ``async``: <= 5% at every checkpoint, the first included: its buffers are
-reserved before it), the host memory the run took (peak PSS of its processes, as ``result.json`` has it) and the
-``/dev/shm`` files its processes map (peak, sampled here every 0.5 s). The final state hashes must all agree.
+reserved before it; the part spent waiting for the previous persist is shown apart), the host memory the run
+took (peak PSS of its processes, as ``result.json`` has it) and the ``/dev/shm`` files its processes map (peak,
+sampled here every 0.5 s). The final state hashes must all agree.
 
 ``measure(...)`` returns the figures (for ``resilience.bench.speed``); ``main`` prints them.
 """
@@ -26,16 +27,20 @@ from resilience.record.memory import MemorySampler
 STRATEGIES = ("sync", "async", "inmemory")
 
 
-def stalls(run_dir: Path) -> list[float]:
-    """Each checkpoint's stall in seconds (the slower rank's), in step order."""
+def stalls(run_dir: Path) -> tuple[list[float], list[float]]:
+    """Each checkpoint's stall in seconds (the slower rank's), in step order, and the part of it spent waiting for
+    the previous checkpoint's persist (``when_busy=wait``: the disk is slower than the checkpoint interval)."""
     begin: dict[tuple[int, int], float] = {}
     worst: dict[int, float] = defaultdict(float)
+    waited: dict[int, float] = defaultdict(float)
     for e in read_events(run_dir):
         if e["kind"] == "ckpt_begin":
             begin[e["rank"], e["step"]] = e["t_mono"]
         elif e["kind"] == "ckpt_stall_end" and (e["rank"], e["step"]) in begin:
             worst[e["step"]] = max(worst[e["step"]], e["t_mono"] - begin[e["rank"], e["step"]])
-    return [worst[s] for s in sorted(worst)]
+        elif e["kind"] == "ckpt_persist_waited":
+            waited[e["step"]] = max(waited[e["step"]], e["duration_s"])
+    return [worst[s] for s in sorted(worst)], [waited[s] for s in sorted(worst)]
 
 
 def one_run(run_dir: Path, workload: str, strategy: str, steps: int, every: int) -> dict[str, Any]:
@@ -48,7 +53,8 @@ def one_run(run_dir: Path, workload: str, strategy: str, steps: int, every: int)
         sampler.stop()
     if result["status"] != "ok":
         raise RuntimeError(f"{run_dir}: status {result['status']}")
-    return {"stalls_s": stalls(run_dir), "host_peak_bytes": result.get("host_memory_peak_bytes"),
+    stall, waited = stalls(run_dir)
+    return {"stalls_s": stall, "persist_wait_s": waited, "host_peak_bytes": result.get("host_memory_peak_bytes"),
             "shm_peak_bytes": sampler.shm_peak, "sha": result["final_state_sha256"]}
 
 
@@ -82,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.every < 1 or args.steps <= args.every:
         ap.error(f"--steps={args.steps} --every={args.every}: every >= 1 and steps > every")
     r = measure(tuple(args.workloads), tuple(args.strategies), args.steps, args.every, args.out)
-    print("| workload | strategy | stall s per checkpoint | / sync's, per checkpoint | first / rest | host peak MB "
-          "| /dev/shm peak MB |\n|---|---|---|---|---|---|---|")
+    print("| workload | strategy | stall s per checkpoint | of which waiting for the previous persist | / sync's, per "
+          "checkpoint | first / rest | host peak MB | /dev/shm peak MB |\n|---|---|---|---|---|---|---|---|")
     for workload, runs in r["workloads"].items():
         for strategy, f in runs.items():
             if strategy == "same_final_state":
@@ -91,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
             ratios = ", ".join(f"{x:.1%}" for x in f.get("ratio_to_sync", []))
             first = "-" if f["first_over_rest"] is None else f"{f['first_over_rest']:.2f}"
             host = "-" if f["host_peak_bytes"] is None else f"{f['host_peak_bytes'] / 1e6:,.0f}"
-            print(f"| {workload} | {strategy} | {', '.join(f'{s:.3f}' for s in f['stalls_s'])} | {ratios} | {first} "
+            print(f"| {workload} | {strategy} | {', '.join(f'{s:.3f}' for s in f['stalls_s'])} | "
+                  f"{', '.join(f'{s:.3f}' for s in f['persist_wait_s'])} | {ratios} | {first} "
                   f"| {host} | {f['shm_peak_bytes'] / 1e6:,.0f} |")
         print(f"| {workload} | final state the same for all | {'yes' if runs['same_final_state'] else 'NO'} |")
     print("load average (1, 5, 15 min) before / after: "

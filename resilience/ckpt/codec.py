@@ -89,15 +89,23 @@ class StateCodec:
 
         return end, meta, fill
 
+    def ranges(self, meta: bytes) -> list[tuple[int, int]]:
+        """(offset, nbytes) of every tensor in skeleton order: the bytes ``fill``'s and a load's CRC32 cover (the
+        alignment gaps between tensors are not part of it)."""
+        out: list[tuple[int, int]] = []
+        self.decode(meta, lambda ref, dst: out.append((ref.offset, ref.nbytes)), {}, make=lambda ref: None)
+        return out
+
     def decode(self, meta: bytes, read: Callable[[TensorRef, torch.Tensor], None],
-               live: dict[str, torch.Tensor]) -> dict[str, Any]:
+               live: dict[str, torch.Tensor], make: Callable[[TensorRef], Any] | None = None) -> dict[str, Any]:
         live = dict(live)
+        make = make or (lambda ref: torch.empty(ref.shape, dtype=ref.dtype))
 
         def walk(obj: Any) -> Any:
             if isinstance(obj, TensorRef):
                 dst = live.pop(obj.key, None)
                 if dst is None:  # torch.empty: the read fills it, nothing is initialised first
-                    dst = torch.empty(obj.shape, dtype=obj.dtype)
+                    dst = make(obj)
                 elif dst.dtype != obj.dtype or tuple(dst.shape) != obj.shape:
                     raise RuntimeError(f"in-memory snapshot does not match the training state at {obj.key}")
                 read(obj, dst)

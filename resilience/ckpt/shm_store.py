@@ -149,10 +149,13 @@ class Area:
         return next((s for s in reversed(self.slots()) if s.step == step), None)
 
     def write(self, step: int, attempt: int, data_len: int, meta: bytes,
-              fill: Callable[[torch.Tensor], int | None], before_commit: Callable[[], None] | None = None) -> SlotInfo:
+              fill: Callable[[torch.Tensor], int | None], before_commit: Callable[[], None] | None = None,
+              commit: bool = True) -> SlotInfo:
         """Write a snapshot into the slot not holding the newest one. ``fill(buf)`` writes ``data_len`` bytes into
         ``buf`` (a uint8 tensor over the slot) and returns their CRC32, or None for none. ``before_commit`` runs
-        when everything but the commit word is written (where a crash leaves a half-written snapshot)."""
+        when everything but the header and commit word is written (where a crash leaves a half-written snapshot).
+        ``commit=False``: the slot stays uncommitted until ``commit(info)`` (e.g. once its CRC32 is summed after
+        the stall); no other write may come in between."""
         meta_off = _round(data_len, ALIGN)
         if meta_off + len(meta) > self.slot_cap:
             raise ValueError(f"snapshot of {meta_off + len(meta)} B does not fit a slot of {self.slot_cap} B")
@@ -164,13 +167,30 @@ class Area:
         crc = fill(buf)
         del buf  # no view may outlive the call (the mapping could not be closed)
         self._mm[base + meta_off:base + meta_off + len(meta)] = meta
-        raw = SLOT_HEAD.pack(step, attempt, data_len, meta_off, len(meta), HAS_CRC if crc is not None else 0,
-                             crc or 0, 0)[:-8]
-        self._mm[at:at + SLOT_HEAD.size] = raw + struct.pack("<I4x", zlib.crc32(raw))
+        info = SlotInfo(index, step, attempt, data_len, meta_off, len(meta), crc)
         if before_commit is not None:
             before_commit()
-        COMMIT.pack_into(self._mm, at + SLOT_HEAD.size, COMMITTED)  # last: only now does the snapshot count
-        return SlotInfo(index, step, attempt, data_len, meta_off, len(meta), crc)
+        if commit:
+            self.commit(info)
+        return info
+
+    def commit(self, info: SlotInfo) -> None:
+        """Write the slot's header (with ``info.crc``, if any), then its commit word: only now does it count."""
+        at = self._head_at(info.index)
+        raw = SLOT_HEAD.pack(info.step, info.attempt, info.data_len, info.meta_off, info.meta_len,
+                             HAS_CRC if info.crc is not None else 0, info.crc or 0, 0)[:-8]
+        self._mm[at:at + SLOT_HEAD.size] = raw + struct.pack("<I4x", zlib.crc32(raw))
+        COMMIT.pack_into(self._mm, at + SLOT_HEAD.size, COMMITTED)
+
+    def crc32(self, info: SlotInfo, ranges: list[tuple[int, int]], block: int = 8 << 20) -> int:
+        """The CRC32 of the slot's data at ``ranges`` ((offset, nbytes), in order), summed over the mapping (the
+        GIL is released for each block)."""
+        crc, base = 0, self._slot_at(info.index)
+        with memoryview(self._mm) as mv:
+            for offset, nbytes in ranges:
+                for at in range(base + offset, base + offset + nbytes, block):
+                    crc = zlib.crc32(mv[at:min(at + block, base + offset + nbytes)], crc)
+        return crc
 
     def view(self, offset: int, length: int) -> torch.Tensor:
         """A uint8 tensor over ``length`` bytes at ``offset`` (drop it before ``close``)."""

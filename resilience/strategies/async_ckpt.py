@@ -91,7 +91,9 @@ class BackgroundCheckpoint(SyncCheckpoint):
             if self.when_busy == "skip":
                 self.rt.events.emit("ckpt_skipped", step=step, reason="persist in flight")
                 return
+            t0 = time.monotonic()
             self.wait()  # inside the stall: ckpt_begin is already out
+            self.rt.events.emit("ckpt_persist_waited", step=step, duration_s=time.monotonic() - t0)
         self._pending = self._start(step, state)
 
     def _busy_anywhere(self) -> bool:

@@ -5,8 +5,9 @@ area on its node (``shm_store``: a ``/dev/shm`` file that survives the restart o
 agent-owned shared memory does) and into a *peer copy* held in the memory of rank ``(r + ranks_per_node) %
 world_size``, on the next node (Gemini's replica in a remote machine's CPU memory). On one host the writing rank
 maps the peer's file itself; on a real cluster that copy would cross the network to the peer node's agent. Only
-the first copy is inside the stall (the state straight into the own slot); the peer copy, a copy of that slot,
-runs in a thread beside the next step and is complete before the step after it begins (``before_step``).
+one copy is inside the stall (the state straight into the own slot); the slot's CRC32 and commit, and the peer
+copy (a copy of that slot), run in a thread beside the next step and are complete before the step after it begins
+(``before_step``): a failure in between finds the previous snapshot, as a crash during the copy would.
 Every ``persist_every``-th snapshot is also saved to disk exactly as ``sync`` does (DCP + atomic commit), for
 the failures that take every copy with them.
 
@@ -20,6 +21,7 @@ an abandoned timeline and are dropped.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -54,7 +56,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
         self.own: Area | None = None
         self.peer: Area | None = None
         self.peer_lost = False
-        self._peer_copy: tuple[int, threading.Thread] | None = None  # (step, thread) of the copy in flight
+        self._finishing: tuple[int, threading.Thread] | None = None  # (step, thread) of the snapshot in flight
 
     def _check_world(self, world_size: int) -> None:
         if world_size % self.ranks_per_node:
@@ -125,23 +127,20 @@ class InMemoryCheckpoint(SyncCheckpoint):
 
     # ---- save -------------------------------------------------------------------------------------------------
     def _save(self, step: int, state: TrainState) -> None:
-        """One copy inside the stall: the state straight into our own slot. The peer copy (a copy of that slot)
-        runs after the stall, beside the next step (``_copy_to_peer``)."""
+        """One copy inside the stall: the state straight into our own slot, left uncommitted. Its CRC32, its commit
+        and the peer copy (a copy of that slot) follow in a thread, beside the next step (``_finish``)."""
         rt, t0 = self.rt, time.monotonic()
-        self._join_peer_copy()  # never two at once: the peer area has one writer
+        self._join_finish()  # never two at once: each area has one writer
         try:
-            data_len, meta, fill = self.codec.encode(snapshot_state(state), crc=self.verify)
+            data_len, meta, fill = self.codec.encode(snapshot_state(state), crc=False)
             need = data_len + ALIGN + len(meta)
             own = self._area("own", need)
             info = own.write(step, rt.attempt, data_len, meta, fill,
-                             before_commit=lambda: rt.fault_hook("during_checkpoint", step))
+                             before_commit=lambda: rt.fault_hook("during_checkpoint", step), commit=False)
             peer = self._area("peer", need) if self.peer_path is not None else None
-            rt.events.emit("ckpt_memory_saved", step=step, bytes=data_len + len(meta), slot=info.index,
-                           peer_rank=self.holder if peer is not None else None, duration_s=time.monotonic() - t0)
-            if peer is not None:
-                self._peer_copy = (step, threading.Thread(target=self._copy_to_peer, args=(step, peer, own, info,
-                                   meta), name=f"peer-copy-{step}", daemon=True))
-                self._peer_copy[1].start()  # daemon: a dying rank does not wait for it (the slot stays uncommitted)
+            self._finishing = (step, threading.Thread(target=self._finish, args=(step, own, info, peer, meta, t0),
+                                                      name=f"snapshot-{step}", daemon=True))
+            self._finishing[1].start()  # daemon: a dying rank does not wait for it (the slots stay uncommitted)
         except (OSError, ValueError) as exc:  # e.g. /dev/shm full: no snapshot this time, training goes on
             rt.events.emit("ckpt_failed", step=step, error=f"memory: {type(exc).__name__}: {exc}"[:500], fsync=True)
         if self.persist_due(step):
@@ -149,31 +148,38 @@ class InMemoryCheckpoint(SyncCheckpoint):
         else:
             rt.events.emit("ckpt_stall_end", step=step)
 
-    def _copy_to_peer(self, step: int, peer: Area, own: Area, info: SlotInfo, meta: bytes) -> None:
-        """The peer copy of our slot of ``step`` (the same bytes and CRC, no second encode). Our slot is not
-        rewritten meanwhile: the next snapshot goes to the other slot, and joins this copy first."""
-        t0 = time.monotonic()
+    def _finish(self, step: int, own: Area, info: SlotInfo, peer: Area | None, meta: bytes, t0: float) -> None:
+        """After the stall: sum our slot's CRC32 (``strategy.verify``) and commit it, then copy it to the peer (the
+        same bytes and CRC, no second encode). Our slot is not rewritten meanwhile: the next snapshot goes to the
+        other slot, and joins this first."""
+        rt = self.rt
         try:
-            peer.write(step, self.rt.attempt, info.data_len, meta, lambda buf: self._copy(buf, own, info))
-            self.rt.events.emit("ckpt_peer_copied", step=step, peer_rank=self.holder, duration_s=time.monotonic() - t0)
+            crc = own.crc32(info, self.codec.ranges(meta)) if self.verify else None
+            info = dataclasses.replace(info, crc=crc)
+            own.commit(info)
+            rt.events.emit("ckpt_memory_saved", step=step, bytes=info.data_len + info.meta_len, slot=info.index,
+                           peer_rank=self.holder if peer is not None else None, duration_s=time.monotonic() - t0)
+            if peer is not None:
+                t1 = time.monotonic()
+                peer.write(step, rt.attempt, info.data_len, meta, lambda buf: self._copy(buf, own, info))
+                rt.events.emit("ckpt_peer_copied", step=step, peer_rank=self.holder, duration_s=time.monotonic() - t1)
         except (OSError, ValueError) as exc:
-            self.rt.events.emit("ckpt_failed", step=step, error=f"peer memory: {type(exc).__name__}: {exc}"[:500],
-                                fsync=True)
+            rt.events.emit("ckpt_failed", step=step, error=f"memory: {type(exc).__name__}: {exc}"[:500], fsync=True)
 
     def before_step(self, state: TrainState, position: int) -> int:
-        """The peer copy of a snapshot has the step after it to run beside; it is complete before the one after
-        that starts (so a fault planned for that point finds it, whatever the machine's load)."""
-        if self._peer_copy is not None and position > self._peer_copy[0]:
-            self._join_peer_copy()
+        """A snapshot's CRC32, commit and peer copy have the step after it to run beside; they are complete before
+        the one after that starts (so a fault planned for that point finds them, whatever the machine's load)."""
+        if self._finishing is not None and position > self._finishing[0]:
+            self._join_finish()
         return position
 
-    def _join_peer_copy(self) -> None:
-        if self._peer_copy is not None:
-            self._peer_copy[1].join()
-            self._peer_copy = None
+    def _join_finish(self) -> None:
+        if self._finishing is not None:
+            self._finishing[1].join()
+            self._finishing = None
 
     def wait(self) -> None:
-        self._join_peer_copy()
+        self._join_finish()
         super().wait()
 
     @staticmethod
@@ -307,7 +313,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
                 area.invalidate_newer(step)
 
     def close(self) -> None:
-        self._join_peer_copy()
+        self._join_finish()
         for which in ("own", "peer"):
             area = getattr(self, which)
             if area is not None:
