@@ -3,7 +3,8 @@
 No checkpoint is ever written. In data-parallel training every rank holds a full replica of the model and the
 optimizer, so when one rank dies the state is still in its peers' memory. The survivors keep running: their
 collective fails, the supervisor starts a replacement for the dead rank (``resilience.supervise.replacing``), and
-the replacement receives model and optimizer state from a healthy replica (``resilience.ckpt.transfer``). Nothing
+the replacement receives model and optimizer state from a healthy replica
+(``resilience.strategies.replica_transfer``: pipelined, bucketed). Nothing
 is reloaded from disk and no step is lost. It cannot survive the loss of every replica at once (then the run
 fails, and says so). What the survivors do while the replacement starts is ``strategy.while_replacing``:
 
@@ -37,7 +38,7 @@ from resilience.checks import require_choice, require_number
 from resilience.record.events import read_events
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
-from resilience.ckpt.transfer import reconcile
+from resilience.strategies.replica_transfer import reconcile
 
 MODES = ("wait", "continue")
 
