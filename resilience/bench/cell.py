@@ -38,19 +38,30 @@ from resilience.record.events import read_events
 from resilience.record.host_load import HostLoadSampler
 
 PHASES = ("supervisor start", "rank start", "training", "teardown", "result", "exit")
-SUPERVISOR_IMPORTS = "import resilience.__main__"
-RANK_IMPORTS = "import resilience.rank.main, resilience.strategies.{strategy}"
+# The supervisor imports its strategy's module too, when it builds the roles (config.resolve, build_roles).
+SUPERVISOR_IMPORTS = "import resilience.__main__, resilience.strategies.{strategy}"
+# What a rank imports before it trains: its modules, its strategy's, and what DDP's constructor and
+# torch.use_deterministic_algorithms import on first use (torch._dynamo, torch._inductor.config).
+HEAVY = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "hydra")
+RANK_IMPORTS = "import resilience.rank.main, resilience.strategies.{strategy}, torch._dynamo, torch._inductor.config"
 
 
-def import_s(statement: str, code: Path | None = None) -> float:
-    """Wall time of a fresh interpreter that runs ``statement`` and exits (without its teardown, as the harness
-    now exits), less the same for an empty statement: what the imports cost."""
-    def timed(text: str) -> float:
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"{text}\nimport os; os._exit(0)"], check=True, cwd=code,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return time.perf_counter() - t0
-    return timed(statement) - timed("pass")
+def import_profile(statement: str, code: Path | None = None) -> dict[str, Any]:
+    """A fresh interpreter runs ``statement`` under ``-X importtime``: the imports' total (s), and where the heavy
+    packages were first imported, the cumulative time of each (name, s; a package's own imports included)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"{statement}\nimport os; os._exit(0)"],
+                          check=True, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    total, heavy = 0.0, {}
+    for line in done.stderr.splitlines():  # "import time: self [us] | cumulative | name", nesting as indentation
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        name, cumulative = parts[2].strip(), int(parts[1]) / 1e6
+        if not parts[2][1:].startswith(" "):  # top level
+            total += cumulative
+        if name in HEAVY:
+            heavy[name] = cumulative
+    return {"total_s": total, "top": [(n, heavy[n]) for n in HEAVY if n in heavy]}
 
 
 def phases(events: list[dict], started: float, ended: float, result_written: float) -> dict[str, float]:
@@ -103,13 +114,17 @@ def run_cell(overrides: list[str], run_dir: Path, timeout_s: float = 600, code: 
 
 def breakdown(overrides: list[str], repeats: int = 3, root: Path | None = None,
               code: Path | None = None) -> dict[str, Any]:
-    """The median of each figure over ``repeats`` cells, and the import costs measured alone in the same run;
+    """The median of each figure over ``repeats`` cells, and the imports' profile (the quickest of ``repeats``);
     ``code``: the checkout whose ``resilience`` runs (another commit's worktree, for a before/after)."""
     strategy = next((o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")), "sync")
     host = HostLoadSampler(0.5).start()
     with tempfile.TemporaryDirectory(prefix="rb-cell-", dir=root) as tmp:
         env = pipeline_env(Path(tmp))
-        runs = [run_cell(overrides, Path(tmp) / f"cell{i}", code=code, env=env) for i in range(repeats)]
+        runs, imports = [], {"supervisor": [], "rank": []}
+        for i in range(repeats):  # each cell beside its import profiles: the same moment's load
+            imports["supervisor"].append(import_profile(SUPERVISOR_IMPORTS.format(strategy=strategy), code))
+            imports["rank"].append(import_profile(RANK_IMPORTS.format(strategy=strategy), code))
+            runs.append(run_cell(overrides, Path(tmp) / f"cell{i}", code=code, env=env))
     load = host.stop()
     med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
     return {
@@ -117,9 +132,13 @@ def breakdown(overrides: list[str], repeats: int = 3, root: Path | None = None,
         "phases": {p: med(lambda r, p=p: r["phases"][p]) for p in PHASES},
         "steps_s": med(lambda r: r["steps_s"]), "ckpt_stall_s": med(lambda r: r["ckpt_stall_s"]),
         "wall_s": med(lambda r: r["wall_s"]), "ratio": med(lambda r: r["ratio"]),
-        "supervisor_imports_s": import_s(SUPERVISOR_IMPORTS, code),
-        "rank_imports_s": import_s(RANK_IMPORTS.format(strategy=strategy), code), "load": load,
+        "imports": {who: min(got, key=lambda g: g["total_s"]) for who, got in imports.items()}, "load": load,
     }
+
+
+def describe_imports(profile: dict[str, Any]) -> str:
+    return (f"{profile['total_s']:.2f} s (" + ", ".join(f"{name} {s:.2f}" for name, s in profile["top"])
+            + "; -X importtime, a fresh interpreter beside the cell)")
 
 
 def describe_load(load: dict[str, Any]) -> str:
@@ -135,8 +154,8 @@ def table(b: dict[str, Any]) -> str:
     wall = b["wall_s"]
     lines = [f"cell: python -m resilience {' '.join(b['overrides'])}  (median of {b['repeats']})",
              f"{'phase':<18}{'s':>8}{'share':>8}"]
-    notes = {"supervisor start": f"imports alone {b['supervisor_imports_s']:.2f} s",
-             "rank start": f"a rank's imports alone {b['rank_imports_s']:.2f} s",
+    notes = {"supervisor start": f"imports {describe_imports(b['imports']['supervisor'])}",
+             "rank start": f"a rank's imports {describe_imports(b['imports']['rank'])}",
              "training": f"steps {b['steps_s']:.2f} s, checkpoint stalls {b['ckpt_stall_s']:.2f} s (rank 0)"}
     for p in PHASES:
         s = b["phases"][p]
