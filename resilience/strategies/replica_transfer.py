@@ -34,11 +34,10 @@ WINDOW = 4  # buckets in flight at once: bounds the staging memory to WINDOW x B
 
 def reconcile(state: TrainState, position: int | None, device: torch.device) -> Reconciled:
     """Make every rank hold the most advanced replica's state (collective), with the pipelined transfer."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mine = torch.tensor([-1 if position is None else position], dtype=torch.int64, device=device)
-    positions = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(positions, mine)
-    at = [int(t.item()) for t in positions]
+    rank = dist.get_rank()
+    everyone = torch.empty(dist.get_world_size(), dtype=torch.int64, device=device)
+    dist.all_gather_single(everyone, torch.tensor([-1 if position is None else position], device=device))
+    at = everyone.tolist()  # each rank's position; -1: a replacement that holds nothing
     if max(at) < 0:
         raise RuntimeError("replica: no rank holds the training state (every replica was lost at once); "
                            "a strategy that checkpoints is needed to recover from this")
