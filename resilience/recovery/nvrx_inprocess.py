@@ -115,13 +115,13 @@ class NvrxInprocess(RecoveryPolicy):
 
         from resilience.recovery.nvrx_hooks import EndOnLostRank, Iteration, ShutGlooSockets, Verdict
 
-        # NVRx logs through the nearest stream handler above its logger (none: "logs are disabled"): the rank's
-        # stderr, which is its log file.
-        library_log = logging.getLogger("nvidia_resiliency_ext")
-        if not library_log.handlers:
+        # NVRx logs (logger "inprocess") through a stream handler of the root logger, warning otherwise that its
+        # "logs are disabled": one to the rank's stderr, its log file, at the root's level (warnings and up).
+        root = logging.getLogger()
+        if not any(type(h) is logging.StreamHandler for h in root.handlers):
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
-            library_log.addHandler(handler)
+            root.addHandler(handler)
         rank = int(os.environ["RANK"])
         shared = ProcessStore(rank, int(os.environ["WORLD_SIZE"]), timedelta(seconds=self.barrier))
         iteration = Iteration()
