@@ -16,6 +16,8 @@ from injectors.base import Injector
 from resilience.detectors.base import Detector
 from resilience.parallel.base import Parallelism
 from resilience.parallel.ddp import DataParallel
+from resilience.parallel.base import Parallelism
+from resilience.parallel.ddp import DataParallel
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
 from resilience.workloads.base import Workload
@@ -28,6 +30,7 @@ class Roles:
     injector: Injector
     policy: RecoveryPolicy
     detectors: list[Detector]
+    parallel: Parallelism
     parallel: Parallelism
 
 

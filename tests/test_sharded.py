@@ -22,6 +22,7 @@ REFUSED = [
     (("parallel=hsdp", "world_size=3"), "parallel.replicate=2", "world_size=4"),
     (("parallel=hsdp", "world_size=4", "parallel.replicate=4"), "parallel.replicate=4", "at least 2 shards"),
     (("parallel=fsdp", "parallel.reduce=ring"), "parallel.reduce=ring", "ordered"),
+    (("recovery=shrink", "strategy=replica"), "recovery=shrink", "restarts every rank"),
 ]
 
 
@@ -73,3 +74,14 @@ def test_sharded_kill_and_recover_bit_exact(tmp_path, parallel, strategy, phase,
                          "fault.rank=1", f"fault.at_step={at_step}", f"fault.phase={phase}", *COMMON, timeout=400)
     assert hit["status"] == "ok" and hit["recovered"]
     assert hit["final_state_sha256"] == ref["final_state_sha256"]
+
+
+def test_shrink_drops_the_failed_ranks_nodes():
+    from resilience.recovery.shrink import Shrink
+
+    two_per_node = Shrink(max_restarts=3, ranks_per_node=2)
+    assert two_per_node.world_after(4, [1]) == 2  # node 0 (ranks 0, 1) is gone
+    assert two_per_node.world_after(4, [0, 1]) == 2
+    assert two_per_node.world_after(8, [1, 6]) == 4  # two nodes
+    assert two_per_node.world_after(4, []) == 4  # no rank named: restart at full size
+    assert Shrink(max_restarts=3, ranks_per_node=2, min_world_size=3).world_after(4, [1]) == 4
