@@ -16,8 +16,6 @@ from injectors.base import Injector
 from resilience.detectors.base import Detector
 from resilience.parallel.base import Parallelism
 from resilience.parallel.ddp import DataParallel
-from resilience.parallel.base import Parallelism
-from resilience.parallel.ddp import DataParallel
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
 from resilience.workloads.base import Workload
@@ -30,7 +28,6 @@ class Roles:
     injector: Injector
     policy: RecoveryPolicy
     detectors: list[Detector]
-    parallel: Parallelism
     parallel: Parallelism
 
 
@@ -59,6 +56,10 @@ def build_roles(cfg: DictConfig) -> Roles:
     roles.injector.validate(int(cfg.world_size), int(cfg.steps), strategy.every if strategy.saves else None)
     _check_together(cfg, roles)
     roles.parallel.check(int(cfg.world_size), roles.workload, strategy, roles.injector, roles.detectors)
+    if hasattr(roles.policy, "world_after") and (strategy.recovers_in_place or cfg.supervisor.launcher != "local"):
+        raise ValueError(f"recovery={roles.policy.name}: restarts fewer ranks through the local supervisor's elastic "
+                         f"agent; needs supervisor.launcher=local and a strategy that restarts every rank (not "
+                         f"strategy={strategy.name} with supervisor.launcher={cfg.supervisor.launcher})")
     return roles
 
 
