@@ -54,12 +54,6 @@ class SyncCheckpoint(CheckpointStrategy):
         # (async, inmemory, the libraries') says for itself
         return type(self)._save is SyncCheckpoint._save
 
-    def handles_sharded_state(self) -> bool:
-        return True  # DCP writes each rank's DTensor shards and reshards on load
-
-    def handles_sharded_state(self) -> bool:
-        return True  # DCP writes each rank's DTensor shards and reshards on load
-
     def attach(self, rt) -> None:
         super().attach(rt)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
