@@ -184,12 +184,12 @@ def test_a_fit_set_without_faults_is_refused(tmp_path):
 GOODPUT_TOL, ETTR_TOL = 0.35, 0.2
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # a ceiling: 230 s seen at load 35-40 on 2 cores (the two-run test it replaced: 217 s)
 def test_costs_fitted_on_one_measured_run_predict_another(tmp_path):
     fit_spec, held_spec = RunSpec(2, 0.08, 4, 24), RunSpec(6, 0.06, 5, 24)
     assert fit_spec.plan() == [23] and held_spec.plan() == [21]
     for spec in (fit_spec, held_spec):
-        run_one(spec, tmp_path / spec.name, timeout_s=140)
+        run_one(spec, tmp_path / spec.name, timeout_s=280)
     fitted = fit([measure(tmp_path / fit_spec.name)])
     row = score(fitted, [held_spec], [outcome(measure(tmp_path / held_spec.name))]).iloc[0]
     assert row["faults"] == row["planned_faults"] == 1 and row["lost_steps"] == row["planned_lost_steps"] == 3
