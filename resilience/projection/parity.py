@@ -211,7 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"{len(FIT_QUICK)} + {len(HELD_OUT_QUICK)} short runs instead of "
                              f"{len(FIT_FULL)} + {len(HELD_OUT_FULL)}")
-    parser.add_argument("--timeout-s", type=float, default=240, help="limit per run")
+    parser.add_argument("--timeout-s", type=float, default=600,
+                        help="limit per run (one with 10 restarts took over 240 s on 2 cores at load 40)")
     parser.add_argument("--reuse", action="store_true",
                         help="re-score run directories that already hold a result.json instead of rerunning them")
     args = parser.parse_args(argv)
