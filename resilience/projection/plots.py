@@ -35,7 +35,7 @@ def goodput_vs_interval(sweep: pd.DataFrame, title: str) -> Figure:
             ax.scatter(row["interval_s"], row["goodput"], color=colors[name], marker="*", s=160, zorder=5,
                        edgecolor="black")
             # In the legend rather than next to the star: strategies with the same stall share an optimum.
-            labels[name] = f"{name}: optimum {row['interval_s'] / 60:.1f} min, goodput {row['goodput']:.3f}"
+            labels[name] = f"{name}: optimum {row['interval_s'] / 60:.1f} min, goodput {row['goodput']:.2f}"
     for name, rows in sweep.groupby("strategy", sort=False):
         ax.plot(rows["interval_s"], rows["goodput"], color=colors[name], label=labels.get(name, name))
     ax.legend(fontsize=8)
