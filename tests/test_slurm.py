@@ -91,13 +91,13 @@ def selected(config: pytest.Config) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.slurm
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2000)
 def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_path, monkeypatch):
-    if not selected(request.config):
-        pytest.skip("a real SLURM cluster, minutes end to end: runs when selected (pytest -m slurm; make test-slurm)")
     if missing := missing_tools():
         pytest.skip(f"SLURM packages not installed ({' '.join(missing)} missing): apt-get install {PACKAGES}, "
                     "or make test-slurm")
+    if not selected(request.config):
+        pytest.skip("a real SLURM cluster, minutes end to end: runs when selected (pytest -m slurm; make test-slurm)")
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster runs slurmctld and slurmd as root")
     if not PLUGIN:
@@ -111,7 +111,8 @@ def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_p
         up_s = time.monotonic() - started
         for var, value in (("SLURM_CONF", cluster.conf), ("SBATCH_ACCOUNT", ACCOUNT), ("SBATCH_PARTITION", PARTITION)):
             monkeypatch.setenv(var, str(value))
-        done = snakemake_slurm("--config", "matrix=smoke", f"results={results}", timeout=1200)
+        done = snakemake_slurm("--config", "matrix=smoke", f"results={results}", "--slurm-logdir",
+                               str(tmp_path / "slurm-jobs"), timeout=1800)
         run_s = time.monotonic() - started - up_s
         assert done.returncode == 0, done.stdout[-6000:]
         # Every cell ran, recovered and matched its reference, and the report was made.
