@@ -42,7 +42,7 @@ MATRIX_DIR = CONF_DIR / "matrix"
 TOP_KEYS = ("description", "axes", "exclude", "reference", "overrides", "runtime_min")
 CHOICE_GROUPS = ("workload", "strategy", "fault", "recovery")
 _MISSING = object()
-GROUP_KEY = ("workload", "world_size", "steps", "seed")  # cells that share these share one reference run
+GROUP_KEY = ("workload", "world_size", "steps", "seed", "parallel")  # cells sharing these share a reference run
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class Cell:
     def columns(self) -> dict[str, Any]:
         """The cell's parameters as flat ``cell.*`` columns of the summary table."""
         fault: Fault = self.values["fault"]
-        out: dict[str, Any] = {f"cell.{k}": v for k, v in self.values.items() if k not in ("fault", "detectors")}
+        out: dict[str, Any] = {f"cell.{k}": v for k, v in self.values.items() if k not in ("fault", "detectors")
+                               and not (k == "parallel" and v is None)}  # earlier matrices' job specs stay as they were
         out["cell.fault"] = fault.name
         out["cell.fault_label"] = fault.label
         out.update({f"cell.fault.{k}": v for k, v in fault.params.items()})
@@ -234,6 +235,8 @@ def _name(v: dict[str, Any]) -> str:
         parts.append(v["supervisor.launcher"])
     if v["supervisor.spares"]:
         parts.append(f"spares{v['supervisor.spares']}")
+    if v["parallel"] is not None:  # sharded training (docs/sharded.md); left out, the names stay as they were
+        parts.append(v["parallel"])
     if _repeat(v):  # repeat 0 keeps the name it has without the axis; the name keeps the repeats' runs apart
         parts.append(f"rep{v['repeat']}")
     return "-".join(str(p) for p in parts)
@@ -245,6 +248,7 @@ def _cell_overrides(v: dict[str, Any], extra: list[str]) -> list[str]:
             f"detector=[{','.join(v['detectors'])}]", f"checkpoint.every={v['checkpoint.every']}",
             f"world_size={v['world_size']}", f"steps={v['steps']}", f"seed={v['seed']}",
             *([f"recovery={v['recovery']}"] if v["recovery"] is not None else []),
+            *([f"parallel={v['parallel']}"] if v["parallel"] is not None else []),
             # as in the names: the defaults (local launcher, no spare) add nothing, so existing cells' jobs stay as they were
             *[f"{k}={v[k]}" for k in ("supervisor.launcher", "supervisor.spares") if v[k] not in (None, "local", 0)],
             *extra]  # nothing from ``repeat``: a repeat is the same run, measured again

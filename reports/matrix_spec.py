@@ -20,11 +20,11 @@ AXES: dict[str, tuple[str | None, int]] = {
     "workload": ("workload", 0), "strategy": ("strategy", 0), "fault": ("fault", 0), "detectors": ("detector", 0),
     "checkpoint.every": (None, 1), "seed": (None, 0), "world_size": (None, 1), "steps": (None, 1),
     "recovery": ("recovery", 0), "supervisor.launcher": (None, 0), "supervisor.spares": (None, 0),
-    "repeat": (None, 0),
+    "repeat": (None, 0), "parallel": ("parallel", 0),
 }
 # Axes a matrix may leave out: then they take one value, None (the run's default or ``overrides``), and stay out
 # of the cell names, so that a matrix without them keeps its names.
-OPTIONAL_AXES = ("recovery", "supervisor.launcher", "supervisor.spares", "repeat")
+OPTIONAL_AXES = ("recovery", "supervisor.launcher", "supervisor.spares", "repeat", "parallel")
 # Axes that are no run setting: ``repeat`` measures the same run (same seed, same overrides) again.
 MEASUREMENT_AXES = ("repeat",)
 # Axes whose values are words from a fixed list (not options of a config group, not integers).

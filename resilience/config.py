@@ -19,7 +19,7 @@ from resilience.checks import require_choice, require_int, require_number
 from resilience.roles import build_roles
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("workload", "strategy", "fault", "recovery", "detector")
+GROUPS = ("workload", "strategy", "fault", "recovery", "detector", "parallel")
 
 
 class ConfigError(ValueError):
