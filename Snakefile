@@ -52,7 +52,7 @@ CELLS_TO_RUN = any(not (d / "done.json").exists() for d in RUN_DIRS)
 PROBE = os.environ.setdefault("RB_PROBE", str(snapshot_dir(Path(RESULTS), CELLS_TO_RUN, PROBE_MAX_AGE_H * 3600)))
 # The environment (torch.utils.collect_env and more) is captured once per pipeline run, in the probe snapshot;
 # each cell's result.json names it instead of spending a second per cell on its own copy.
-os.environ["RB_ENVIRONMENT"] = str(Path(PROBE, "environment.json").resolve())  # follows RB_PROBE
+os.environ.update(RB_ENVIRONMENT=str(Path(PROBE, "environment.json").resolve()))  # follows RB_PROBE
 ENV = "workflow/envs/bench.yaml"
 CAPTIONS = "reports/captions"
 REPORT_CODE = sorted(str(p) for p in [*Path("reports").glob("*.py"), *Path(CAPTIONS).glob("*.rst")])
