@@ -31,6 +31,7 @@ from resilience.roles import Roles, build_roles
 from resilience.supervise.elastic import ElasticSupervisor
 from resilience.supervise.replacing import ReplacingSupervisor
 from resilience.supervise.supervisor import Supervisor, say
+from resilience.supervise.ft_launcher import FtLauncherSupervisor
 from resilience.supervise.torchrun import TorchrunSupervisor
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervis
     """The supervisor the run's strategy needs: one that replaces only the failed ranks for a strategy that
     recovers in place, PyTorch's elastic agent (every rank restarted) for the others; the stock torchrun when
     ``supervisor.launcher=torchrun`` asks for the unobserved baseline."""
+    if cfg.supervisor.launcher == "ft_launcher":  # NVRx's: torchrun's agent with its rank monitors
+        return FtLauncherSupervisor(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
     if cfg.supervisor.launcher == "torchrun":
         return TorchrunSupervisor(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
     kind = ReplacingSupervisor if roles.strategy.recovers_in_place else ElasticSupervisor

@@ -168,7 +168,7 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
                 "supervisor.monitor_interval_s", "supervisor.memory_sample_s", "validity.sample_s"):
         _positive(cfg, key)
-    _choice(cfg, "supervisor.launcher", ("local", "external", "torchrun"))
+    _choice(cfg, "supervisor.launcher", ("local", "external", "torchrun", "ft_launcher"))
     for key in ("validity.max_other_cpu", "validity.max_steal", "validity.max_memory_pressure"):
         require_number(key, OmegaConf.select(cfg, key), at_least=0)
     _integer(cfg, "supervisor.spares", 0)

@@ -79,7 +79,8 @@ def _check_together(cfg: DictConfig, roles: Roles) -> None:
             raise ValueError(f"detector={','.join(crossing)}: compares the ranks over the whole world's group, which "
                              f"strategy={strategy.name} does not keep (its own groups, or a shrunk one); leave it out "
                              f"of the detector list")
-    hosted = [r.name for r in (strategy, *roles.detectors) if r.agent_service() is not None]
+    hosted = [r.name for r in (strategy, *roles.detectors) if r.agent_service() is not None
+              and not (cfg.supervisor.launcher == "ft_launcher" and r.name == "nvrx_heartbeat")]  # its own monitors
     if cfg.supervisor.launcher != "local" and hosted:
         raise ValueError(f"supervisor.launcher={cfg.supervisor.launcher}: {', '.join(hosted)} runs part of itself in "
                          f"the local supervisor across rank restarts (see its option file); use "

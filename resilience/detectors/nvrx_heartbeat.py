@@ -78,7 +78,7 @@ class NvrxHeartbeat(Detector):
     def attach(self, rt: Any, state: Any) -> None:
         from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClient
 
-        os.environ[SOCKET_ENV] = socket_path(rt.run_dir, rt.rank)
+        os.environ.setdefault(SOCKET_ENV, socket_path(rt.run_dir, rt.rank))  # ft_launcher names its monitor's
         self._client = RankMonitorClient()
         self._client.init_workload_monitoring()
 

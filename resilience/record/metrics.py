@@ -38,7 +38,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "status": status,
         **run,
         # False under torchrun (launched by it, or supervisor.launcher=torchrun): no detection events
-        "supervised": launch is not None and launch.get("recovery") != "torchrun" and launch["rank"] is None,
+        "supervised": launch is not None and launch.get("recovery") not in ("torchrun", "ft_launcher") and launch["rank"] is None,
         "attempts": final_attempt + 1,
         "steps_completed": max((e["step"] for e in rank0 if e["kind"] == "step_end" and e["attempt"] == final_attempt),
                                default=0),

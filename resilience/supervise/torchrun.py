@@ -31,16 +31,22 @@ class TorchrunSupervisor(Supervisor):
         return [f"supervisor.launcher=torchrun: detector(s) {', '.join(unseen)} act in the supervisor, which "
                 f"torchrun's agent replaces: they do not run (it sees rank exits only, no hang)"] if unseen else []
 
+    log = LOG
+
+    def command(self) -> list[str]:
+        """The launcher's command line (a launcher built on torchrun's agent changes only this)."""
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                f"--nproc-per-node={self.world_size}", f"--max-restarts={self.max_restarts}",
+                f"--monitor-interval={self.cfg.supervisor.monitor_interval_s}",
+                "-m", "resilience.rank", str(self.config_path)]
+
     def _run(self, events: EventLog, observer: Observer) -> str:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-               f"--nproc-per-node={self.world_size}", f"--max-restarts={self.max_restarts}",
-               f"--monitor-interval={self.cfg.supervisor.monitor_interval_s}",
-               "-m", "resilience.rank", str(self.config_path)]
+        cmd = self.command()
         # As our elastic supervisor: a fresh store per attempt (pytorch/pytorch#135712).
         env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-        with open(self.run_dir / LOG, "ab") as log:
+        with open(self.run_dir / self.log, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        say(f"torchrun started (pid {proc.pid}); its output in {self.run_dir / LOG}")
+        say(f"{self.mode} started (pid {proc.pid}); its output in {self.run_dir / self.log}")
         try:
             return "succeeded" if proc.wait() == 0 else "failed"
         finally:

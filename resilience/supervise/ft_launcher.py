@@ -1,0 +1,51 @@
+"""NVIDIA Resiliency Extension's launcher: ``ft_launcher`` runs the ranks instead of our supervisor
+(``supervisor.launcher=ft_launcher``).
+
+NVRx's ``ft_launcher`` is torchrun's agent with NVRx's fault tolerance in it: one ``RankMonitorServer`` per local
+rank, which the rank's ``RankMonitorClient`` (our ``nvrx_heartbeat`` detector's rank side, through the socket the
+launcher names in ``FT_RANK_MONITOR_IPC_SOCKET``) sends a heartbeat after every step; a rank whose heartbeat is
+overdue (``--ft-rank-heartbeat-timeout`` = ``timeouts.heartbeat_s``; before the first one
+``--ft-initial-rank-heartbeat-timeout`` = ``timeouts.collective_s``) is killed, and the launcher restarts every rank
+within ``--max-restarts``. As under ``launcher=torchrun`` nothing of ours sits in its agent: no detector of ours
+runs in the supervisor, the run has no detection events, and the recovery is timed from the ranks' own events.
+Its output is ``<run dir>/ft_launcher.log``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from resilience.supervise.torchrun import TorchrunSupervisor
+
+LOG = "ft_launcher.log"  # in the run directory: the launcher's and its rank monitors' output
+
+
+class FtLauncherSupervisor(TorchrunSupervisor):
+    """Runs ``ft_launcher`` as a child and waits, as ``TorchrunSupervisor`` runs torchrun."""
+
+    mode = "ft_launcher"
+    log = LOG
+
+    def caveats(self) -> list[str]:
+        """What the run's settings ask for that ft_launcher does not do (said, never silently ignored)."""
+        said = []
+        unseen = [d.name for d in self.detectors if d.acts_in_supervisor() and d.name != "nvrx_heartbeat"]
+        if unseen:
+            said.append(f"supervisor.launcher=ft_launcher: detector(s) {', '.join(unseen)} act in the supervisor, "
+                        f"which ft_launcher's agent replaces: they do not run")
+        if "nvrx_heartbeat" not in {d.name for d in self.detectors}:
+            said.append("supervisor.launcher=ft_launcher: no rank sends NVRx heartbeats (add nvrx_heartbeat to the "
+                        "detector list): its rank monitors then see no hang")
+        return said
+
+    def command(self) -> list[str]:
+        launcher = shutil.which("ft_launcher", path=os.path.dirname(sys.executable)) or shutil.which("ft_launcher")
+        if launcher is None:  # checked at validation; a changed environment lands here
+            raise RuntimeError("ft_launcher is not installed: pip install -e '.[nvrx]'")
+        t = self.cfg.timeouts
+        return [launcher, "--standalone", "--nnodes=1", f"--nproc-per-node={self.world_size}",
+                f"--max-restarts={self.max_restarts}", f"--monitor-interval={self.cfg.supervisor.monitor_interval_s}",
+                f"--ft-rank-heartbeat-timeout={t.heartbeat_s}", f"--ft-initial-rank-heartbeat-timeout={t.collective_s}",
+                "-m", "resilience.rank", str(self.config_path)]
