@@ -3,7 +3,9 @@ hangs, in one table.
 
 For each hang mode (``stall``: the rank's Python loops; ``sigstop``: the process is frozen; ``gil``: a C call holds
 the interpreter lock) and each detector (ours: ``heartbeat``, from the training loop's beats to the supervisor's
-board; NVRx: ``nvrx_heartbeat``, its rank monitor processes), rank 1 hangs at step 13 of a gpt_tiny run on 2 ranks
+board; NVRx: ``nvrx_heartbeat``, its rank monitor processes under our supervisor; ``ft_launcher``: the same
+monitors under NVRx's own launcher, ``supervisor.launcher=ft_launcher``), rank 1 hangs at step 13 of a gpt_tiny
+run on 2 ranks
 with the same heartbeat timeout; ``process_exit`` follows the hang detector in the list, so the first verdict is the
 hang detector's. Printed per (mode, detector): the median detection latency (fault record to ``fault_detected``) with
 its range over ``--repeats`` runs, the blamed rank(s), how many runs recovered, how many ended bit-exact.
@@ -19,7 +21,8 @@ from pathlib import Path
 from resilience.bench.experiment import run_experiment
 
 MODES = ("stall", "sigstop", "gil")
-DETECTORS = ("heartbeat", "nvrx_heartbeat")
+DETECTORS = ("heartbeat", "nvrx_heartbeat", "ft_launcher")
+LAUNCHED = {"ft_launcher": ["detector=[nvrx_heartbeat,process_exit]", "supervisor.launcher=ft_launcher"]}
 BASE = ["workload=gpt_tiny", "world_size=2", "steps=30", "checkpoint.every=5", "seed=0", "fault=hang",
         "fault.rank=1", "fault.at_step=13"]
 
@@ -30,17 +33,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--heartbeat-s", type=float, default=3.0, help="the timeout both detectors are given")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--detectors", nargs="+", default=list(DETECTORS), choices=DETECTORS)
     args = ap.parse_args(argv)
     root = args.out or Path("results/hang_peers") / time.strftime("%Y-%m-%d_%H-%M-%S")
     reference = run_experiment(root / "reference", ["workload=gpt_tiny", "world_size=2", "steps=30",
                                                     "checkpoint.every=5", "seed=0", "strategy=none"])
     rows = []
     for mode in args.modes:
-        for det in DETECTORS:
+        for det in args.detectors:
             runs = []
             for i in range(args.repeats):
                 runs.append(run_experiment(root / f"{mode}-{det}-r{i}", [
-                    *BASE, f"fault.mode={mode}", f"detector=[{det},process_exit]",
+                    *BASE, f"fault.mode={mode}", *LAUNCHED.get(det, [f"detector=[{det},process_exit]"]),
                     f"timeouts.heartbeat_s={args.heartbeat_s}"], echo=True))
             rows.append(_row(mode, det, runs, reference["final_state_sha256"]))
     print(f"\nhang of rank 1 at step 13, heartbeat timeout {args.heartbeat_s} s, {args.repeats} runs each "
