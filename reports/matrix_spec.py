@@ -28,7 +28,7 @@ OPTIONAL_AXES = ("recovery", "supervisor.launcher", "supervisor.spares", "repeat
 # Axes that are no run setting: ``repeat`` measures the same run (same seed, same overrides) again.
 MEASUREMENT_AXES = ("repeat",)
 # Axes whose values are words from a fixed list (not options of a config group, not integers).
-CHOICE_AXES = {"supervisor.launcher": ("local", "torchrun")}
+CHOICE_AXES = {"supervisor.launcher": ("local", "torchrun", "ft_launcher")}
 
 
 class MatrixError(ValueError):

@@ -25,8 +25,8 @@ STRATEGIES = ("sync", "replica", "replica_torchft")
 def label(run: pd.Series) -> str:
     """The way a run recovered: its strategy and what of the launcher, spares and hang detector is not ours."""
     text = str(run["cell.strategy"])
-    if str(run.get("cell.supervisor.launcher")) == "torchrun":
-        text += " via torchrun"
+    if str(run.get("cell.supervisor.launcher")) in ("torchrun", "ft_launcher"):
+        text += f" via {run['cell.supervisor.launcher']}"
     if (pd.to_numeric(run.get("cell.supervisor.spares"), errors="coerce") or 0) > 0:
         text += " + warm spare"
     if str(run.get("cell.detectors", "")).startswith("nvrx_heartbeat"):

@@ -5,8 +5,7 @@ For each hang mode (``stall``: the rank's Python loops; ``sigstop``: the process
 the interpreter lock) and each detector (ours: ``heartbeat``, from the training loop's beats to the supervisor's
 board; NVRx: ``nvrx_heartbeat``, its rank monitor processes under our supervisor; ``ft_launcher``: the same
 monitors under NVRx's own launcher, ``supervisor.launcher=ft_launcher``), rank 1 hangs at step 13 of a gpt_tiny
-run on 2 ranks
-with the same heartbeat timeout; ``process_exit`` follows the hang detector in the list, so the first verdict is the
+run on 2 ranks with the same heartbeat timeout; ``process_exit`` follows the hang detector in the list, so the first verdict is the
 hang detector's. Printed per (mode, detector): the median detection latency (fault record to ``fault_detected``) with
 its range over ``--repeats`` runs, the blamed rank(s), how many runs recovered, how many ended bit-exact.
 """
