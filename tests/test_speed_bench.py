@@ -47,3 +47,8 @@ def test_cell_phases_partition_the_wall_time():
     assert list(got) == list(PHASES)
     assert [round(v, 3) for v in got.values()] == [1.0, 2.0, 3.2, 0.3, 0.1, 0.4]
     assert abs(sum(got.values()) - 7.0) < 1e-9
+
+
+def test_a_note_cannot_break_the_markdown_row():
+    text = speed.render([speed.unmeasured("replica", "<= 1.5x", "failed: a | b\n  c")], "h", [])
+    assert "| replica | - | <= 1.5x | NOT MEASURED | failed: a \\| b c |" in text.splitlines()
