@@ -147,7 +147,7 @@ def on_this_node(cfg: DictConfig, local_ranks: int) -> DictConfig:
     return cfg
 
 
-def _auto_fault_step(cfg: DictConfig) -> int:
+def auto_fault_step(cfg: DictConfig) -> int:
     """``fault.at_step=auto``: three steps after the second checkpoint (13 with every=5: work is lost, and an
     older checkpoint exists), or the middle of a run too short for that; at a checkpoint step when the fault
     strikes during one. A shorter ``steps=`` on the command line then needs no matching ``fault.at_step=``."""
@@ -174,7 +174,7 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     _integer(cfg, "supervisor.spares", 0)
     if OmegaConf.select(cfg, "fault.at_step") == "auto":
         with open_dict(cfg):
-            cfg.fault.at_step = _auto_fault_step(cfg)
+            cfg.fault.at_step = auto_fault_step(cfg)
     keep = OmegaConf.select(cfg, "checkpoint.keep_after_run")
     if keep not in ("auto", True, False):
         raise ConfigError(f"checkpoint.keep_after_run={keep}: allowed: auto, true, false")

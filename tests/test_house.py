@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from injectors.base import Injector
+from resilience.config import auto_fault_step
 from resilience.config import CONF_DIR
 from resilience.detectors.base import Detector
 from resilience.named import base_option
@@ -141,6 +142,8 @@ def test_every_option_builds_its_role_under_its_own_name(group, option):
         overrides = [f"detector=[{option}]"] if group == "detector" else [f"{key}={option}"]
         cfg = compose(config_name="config", overrides=overrides)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if group == "fault" and cfg.fault.at_step == "auto":  # resolved by the command (resilience.config)
+        cfg.fault.at_step = auto_fault_step(cfg)
     node = cfg.detectors[option] if group == "detector" else cfg[group]
     extra = {"strategy": {"every": cfg.checkpoint.every, "keep": cfg.checkpoint.keep},
              "workload": {"seed": cfg.seed}}.get(group, {})
