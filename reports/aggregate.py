@@ -28,18 +28,11 @@ JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s", "host"
 NOT_RUN = "not run"  # the state of a matrix cell that has no done.json
 
 
-def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": "[1, 2]"}`` (lists as JSON text: one value per cell)."""
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        elif isinstance(value, list):
-            out[name] = json.dumps(value)
-        else:
-            out[name] = value
-    return out
+def flatten(obj: dict[str, Any]) -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": "[1, 2]"}`` (pandas' json_normalize; lists as JSON
+    text: one value per cell)."""
+    row = pd.json_normalize(obj, sep=".").iloc[0].to_dict() if obj else {}
+    return {key: json.dumps(value) if isinstance(value, list) else value for key, value in row.items()}
 
 
 def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:

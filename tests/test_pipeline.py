@@ -71,7 +71,7 @@ def test_bad_matrix_is_one_line_naming_the_key(tmp_path):
     assert done.returncode != 0
     assert done.stdout.strip() == ("error: matrix bad: axes.sped: unknown axis; allowed: workload, strategy, fault, "
                                    "detectors, checkpoint.every, seed, world_size, steps, recovery, "
-                                   "supervisor.launcher, supervisor.spares, repeat")
+                                   "supervisor.launcher, supervisor.spares, repeat, parallel")
 
 
 @pytest.mark.timeout(120)
