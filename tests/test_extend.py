@@ -36,8 +36,9 @@ CLASSES = {
 
 
         class ThrowawayDetector(Detector):
-            def on_worker_failures(self, exit_codes):
-                return [Detection(self.name, r, f"rank {r} exited {code}", code) for r, code in exit_codes.items()]
+            def on_worker_failures(self, exit_codes):  # the ranks a signal ended (a peer may exit 1 after them)
+                return [Detection(self.name, r, f"rank {r} exited {code}", code) for r, code in exit_codes.items()
+                        if code < 0]
         ''',
     "throwaway_policy.py": '''
         from resilience.recovery.base import RecoveryPolicy
