@@ -17,7 +17,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from reports.tables import col, finished, noisy, order
+from reports.figures import median_ci
+from reports.tables import col, finished, medians, noisy, order
 
 STRATEGIES = ("sync", "replica", "replica_torchft")
 
@@ -61,8 +62,8 @@ def recovery_peers_table(frame: pd.DataFrame) -> pd.DataFrame:
         out.append({
             "way": way, "fault": fault, "n": len(group),
             "detected_by": ", ".join(sorted({str(d) for d in group.get("detector", pd.Series()).dropna()})) or "-",
-            "detection_s": col(timed, "detection_latency_s").median(),
-            "recovery_s": col(timed, "recovery_time_s").median(),
+            **medians({"detection_s": col(timed, "detection_latency_s"),  # each with its n and interval
+                       "recovery_s": col(timed, "recovery_time_s")}),
             "restart_s": col(timed, "recovery_breakdown_s.restart").median(),
             "load_or_heal_s": col(timed, "recovery_load_s").median(),
             "replay_s": col(timed, "recovery_breakdown_s.replay").median(),
@@ -84,9 +85,18 @@ def recovery_peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         ax.text(0.5, 0.5, "Recovery without a checkpoint\nno data: the matrix ran no replica, torchft, torchrun or "
                           "NVRx row", ha="center", va="center")
         return fig, table
+    runs = rows_of(frame)
+    runs = runs[~noisy(runs)].assign(recovery_s=col(runs, "recovery_time_s"))
+    counts = runs.groupby("way")["recovery_s"].count()
+    runs = runs.assign(way=runs["way"].map(lambda w: f"{w} (n={counts.get(w, 0)})"))
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(table) + 1.5))
-    sns.barplot(table, y="way", x="recovery_s", hue="fault", ax=ax, order=order(table, "way"))
-    ax.set(xlabel="recovery time, fault to training again (s, median)", ylabel="")
+    if len(runs):
+        sns.barplot(runs, y="way", x="recovery_s", hue="cell.fault_label", estimator="median", errorbar=median_ci,
+                    capsize=0.2, ax=ax, order=order(runs, "way"))
+    ax.set(xlabel="recovery time, fault to training again (s, median; noisy runs left out)\n"
+                  "bar: the median's 95% CI, or the runs' range where n < 6", ylabel="")
+    if ax.get_legend():
+        ax.get_legend().set_title("fault")
     fig.tight_layout()
     return fig, table
 
