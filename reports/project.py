@@ -70,7 +70,7 @@ def calibration_html(folder: Path) -> str:
     cal["error"] = [f"{v:+.0%}" for v in cal["relative_error"]]
     rate = float(cal["scenario_per_gpu_mttf_h"].iloc[0])
     html = ("<h3>The failure band: published figures and the model's reproduction</h3>"
-            + table(cal, CALIBRATION_COLUMNS, text=["figure", "source", "published", "error"])
+            + str(table(cal, CALIBRATION_COLUMNS, text=["figure", "source", "published", "error"]))
             + f"<p class=\"caption\">Each figure inverted through the failure model gives a per-GPU MTTF; the "
               f"scenario's own calibration is {rate:,.0f} GPU-hours, and the model's value of each figure at that "
               f"rate is shown with its relative error. The rates the figures imply span the failure band; every "
@@ -78,9 +78,9 @@ def calibration_html(folder: Path) -> str:
               f"supports. Data: {folder.name}/projection_calibration.csv.</p>")
     png = folder / "projection_failure_band.png"
     if png.exists():
-        html += figure(png.read_bytes(), "projection: failure band", "Projection: the per-GPU MTTF each published "
+        html += str(figure(png.read_bytes(), "projection: failure band", "Projection: the per-GPU MTTF each published "
                        "figure implies (dots), the band they span (shaded) and the scenario's calibration (line).",
-                       f"{folder.name}/projection_calibration.csv")
+                       f"{folder.name}/projection_calibration.csv"))
     return html
 
 
