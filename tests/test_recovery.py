@@ -80,8 +80,10 @@ def test_torchrun_two_nodes_recover_bit_exact(tmp_path, reference):
         port = s.getsockname()[1]
     env = {**os.environ, "NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ENDPOINT": f"localhost:{port}",
            "RUN_DIR": str(run_dir), "RDZV_ID": "test", "PYTHON": sys.executable}
+    # Two "nodes" on one host would each take all its cores (threads = local cores / local ranks): the reference's
+    # thread count is fixed, since CPU kernels split reductions by thread count (README, Determinism).
     cmd = [str(ROOT / "workflow" / "scripts" / "run_multinode.sh"), "strategy=sync", "fault=kill", "fault.rank=1",
-           "fault.at_step=12", *COMMON]
+           "fault.at_step=12", *COMMON, f"threads_per_rank={max(1, (os.cpu_count() or 1) // 2)}"]
     nodes = [subprocess.Popen(cmd, cwd=ROOT, env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True) for node in (0, 1)]
     try:
