@@ -7,6 +7,9 @@ tests alike. A matrix file holds::
                  the OPTIONAL_AXES may be left out (``recovery``: then set it in ``overrides``, or the default
                  applies); ``repeat: [0, 1, 2]`` measures every cell three times (same seed, same overrides)
     exclude:     [{axis or fault.<param>: value or [values]}, ...]   cells matching all keys of one entry are dropped
+    blocks:      [{axes: {...}, exclude: [...]}, ...]   optional: the cells are then the union of the blocks, each
+                 the product of ``axes`` with the axes it names replaced, minus ``exclude`` and its own exclusions
+                 (a block's fault list need not hold ``none``; duplicates across blocks are one cell)
     reference:   {strategy: none}                                    the fault-free run every cell is compared with
     overrides:   {recovery: restart, ...}                            extra Hydra overrides for every cell
     runtime_min: 20                                                  time limit of one cell (minutes)
@@ -33,13 +36,13 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_excludes,
-                                 parse_overrides, parse_reference)
+from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_blocks,
+                                 parse_excludes, parse_overrides, parse_reference)
 from resilience.config import GROUPS, ConfigError, resolve
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MATRIX_DIR = CONF_DIR / "matrix"
-TOP_KEYS = ("description", "axes", "exclude", "reference", "overrides", "runtime_min")
+TOP_KEYS = ("description", "axes", "exclude", "blocks", "reference", "overrides", "runtime_min")
 CHOICE_GROUPS = ("workload", "strategy", "fault", "recovery")
 _MISSING = object()
 GROUP_KEY = ("workload", "world_size", "steps", "seed", "parallel")  # cells sharing these share a reference run
@@ -189,8 +192,13 @@ def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = C
     if isinstance(runtime, bool) or not isinstance(runtime, int) or runtime < 1:
         raise MatrixError(f"{where}: runtime_min={runtime}: must be an integer >= 1 (minutes)")
 
-    combos = [dict(zip(AXES, values)) for values in itertools.product(*(axes[a] for a in AXES))]
-    combos = [v for v in combos if not any(matches(v, ex) for ex in excludes)]
+    combos = _combos(axes, excludes)
+    if "blocks" in spec:  # the union of the blocks, in their order; a cell two blocks name is one cell
+        combos = []
+        for key, raw, raw_excludes in parse_blocks(spec["blocks"], spec["axes"], where):
+            block_axes = parse_axes(raw, key, conf_dir, need_none=False)
+            combos += _combos(block_axes, excludes + parse_excludes(raw_excludes, block_axes, key, conf_dir))
+        combos = list({_name(v): v for v in combos}.values())
     cells: list[Cell] = []
     for _, group in itertools.groupby(sorted(combos, key=_group), key=_group):
         group = list(group)
@@ -215,6 +223,11 @@ def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = C
     if clash is not None:  # two full names whose 8-digit hashes agree: one in 2**32 per pair
         raise MatrixError(f"{where}: run directory {clash}: two cells share it; rename one with a fault label")
     return Matrix(name, source, str(spec.get("description", "")).strip(), cells, runtime)
+
+
+def _combos(axes: dict[str, list[Any]], excludes: list[dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    combos = [dict(zip(AXES, values)) for values in itertools.product(*(axes[a] for a in AXES))]
+    return [v for v in combos if not any(matches(v, ex) for ex in excludes)]
 
 
 def _group(values: dict[str, Any]) -> tuple:

@@ -47,7 +47,7 @@ class Fault:
         return [f"fault={self.name}"] + [f"fault.{k}={hydra_value(v)}" for k, v in self.params.items()]
 
 
-def parse_axes(raw: Any, where: str, conf_dir: Path) -> dict[str, list[Any]]:
+def parse_axes(raw: Any, where: str, conf_dir: Path, need_none: bool = True) -> dict[str, list[Any]]:
     if not isinstance(raw, dict):
         raise MatrixError(f"{where}: axes: must be a mapping of {', '.join(AXES)}")
     for key in raw:
@@ -77,7 +77,7 @@ def parse_axes(raw: Any, where: str, conf_dir: Path) -> dict[str, list[Any]]:
         if dup is not None:
             raise MatrixError(f"{key}: {dup} is listed twice")
         out[axis] = parsed
-    if not any(f.name == "none" for f in out["fault"]):
+    if need_none and not any(f.name == "none" for f in out["fault"]):
         raise MatrixError(f"{where}: axes.fault: must include none (the fault-free reference run)")
     return out
 
@@ -219,3 +219,21 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ",".join(hydra_value(x) for x in value) + "]"
     return str(value)
+
+
+def parse_blocks(raw: Any, base: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any], list[Any]]]:
+    """``blocks``: a list of {axes: {...}, exclude: [...]}; each block's axes are the matrix's ``axes`` with the ones
+    it names replaced. Returns (where, raw axes, raw excludes) per block, for :func:`parse_axes` and
+    :func:`parse_excludes`."""
+    if not isinstance(raw, list) or not raw:
+        raise MatrixError(f"{where}: blocks: must be a non-empty list of mappings with keys axes, exclude")
+    out = []
+    for i, block in enumerate(raw):
+        key = f"{where}: blocks[{i}]"
+        if not isinstance(block, dict) or not isinstance(block.get("axes", {}), dict):
+            raise MatrixError(f"{key}: must be a mapping with keys axes (a mapping), exclude (a list)")
+        unknown = sorted(set(block) - {"axes", "exclude"})
+        if unknown:
+            raise MatrixError(f"{key}: {unknown[0]}: unknown key; allowed: axes, exclude")
+        out.append((key, {**base, **block.get("axes", {})}, block.get("exclude") or []))
+    return out

@@ -192,3 +192,20 @@ def test_every_cell_is_checked_as_the_command_checks_it(fault, expected):
 
 # Every shipped matrix passing the check is tests/test_pipeline.py's dry run of each (the Snakefile checks every
 # cell before planning): not repeated here (15 s of the suite).
+
+
+def test_blocks_are_the_union_of_their_products_with_the_base_axes_they_do_not_name():
+    kill = {"name": "kill", "phase": "before_forward", "at_step": 13, "rank": 1}
+    blocks = [{"axes": {"strategy": ["none", "sync"], "fault": ["none", kill], "repeat": [0, 1]},
+               "exclude": [{"strategy": "none", "fault": "kill"}]},
+              {"axes": {"fault": [kill], "checkpoint.every": [2]}},
+              {"axes": {"strategy": ["sync"], "fault": [kill]}}]   # repeats a cell of the first block
+    m = expand(spec(blocks=blocks, **{"axes.seed": [0], "axes.strategy": ["sync"], "axes.fault": ["none"]}))
+    got = sorted((c.values["strategy"], c.values["fault"].name, c.values["checkpoint.every"],
+                  c.values["repeat"] or 0) for c in m.cells)
+    assert got == sorted([("none", "none", 5, 0), ("none", "none", 5, 1), ("sync", "none", 5, 0),
+                          ("sync", "none", 5, 1), ("sync", "kill", 5, 0), ("sync", "kill", 5, 1),
+                          ("sync", "kill", 2, 0)])
+    assert {c.reference for c in m.cells} == {m.cells[0].name} and m.cells[0].values["strategy"] == "none"
+    with pytest.raises(MatrixError, match=r"blocks\[0\]: colour: unknown key; allowed: axes, exclude"):
+        expand(spec(blocks=[{"colour": 1}]))
