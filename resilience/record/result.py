@@ -35,7 +35,19 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
         "checkpoint_every": int(cfg.checkpoint.every),
         "device": cfg.device,
         "backend": cfg.backend,
+        "parallel": parallel_identity(cfg),
     }
+
+
+def parallel_identity(cfg: Any) -> dict[str, Any]:
+    """How the model was spread at launch: name, mesh shape (replicate x shard for hsdp) and the shards one replica
+    holds the state in (1 for ddp). After ``recovery=shrink`` the world is smaller; this is the launch setting."""
+    name = str(cfg.choices.get("parallel", "ddp"))
+    world = int(cfg.world_size)
+    replicate = int(cfg.parallel.get("replicate", 1)) if name == "hsdp" else 1
+    shards = 1 if name == "ddp" else world // replicate
+    mesh = [replicate, shards] if name == "hsdp" else [world]
+    return {"name": name, "mesh": mesh, "shards_per_replica": shards}
 
 
 def provenance(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
