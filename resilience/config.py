@@ -15,7 +15,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from resilience.checks import require_choice, require_int, require_number
+from resilience.checks import require_int
+from resilience.schema import check_ranges, explain
 from resilience.roles import build_roles
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -60,14 +61,6 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
 
 def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
     return require_int(key, OmegaConf.select(cfg, key), minimum)
-
-
-def _positive(cfg: DictConfig, key: str) -> float:
-    return require_number(key, OmegaConf.select(cfg, key), above=0)
-
-
-def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
-    return require_choice(key, OmegaConf.select(cfg, key), allowed)
 
 
 def _check_local_ranks(cfg: DictConfig, world: int) -> None:
@@ -115,9 +108,11 @@ def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConf
 
 def _resolved(cfg: DictConfig) -> DictConfig:
     """Every interpolation resolved; one that cannot be is one line naming the key and its value as written."""
-    try:
-        return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    try:  # the schema's enums (resilience.schema) as the strings they were written as
+        return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     except OmegaConfBaseException as exc:
+        if line := explain(exc):  # an interpolation whose value has the wrong type for its setting
+            raise ConfigError(line) from None
         key = str(getattr(exc, "full_key", "") or "")
         shown: Any = OmegaConf.to_container(cfg, resolve=False)
         for part in key.split(".") if key else ():
@@ -161,25 +156,14 @@ def auto_fault_step(cfg: DictConfig) -> int:
 
 def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
     cfg = _resolved(cfg)
-    _integer(cfg, "seed", 0)
-    _integer(cfg, "steps", 1)
-    world = _integer(cfg, "world_size", 1)
-    _integer(cfg, "log_every", 1)
-    for key in ("timeouts.collective_s", "timeouts.heartbeat_s", "timeouts.shutdown_s",
-                "supervisor.monitor_interval_s", "supervisor.memory_sample_s", "validity.sample_s"):
-        _positive(cfg, key)
-    _choice(cfg, "supervisor.launcher", ("local", "external", "torchrun", "ft_launcher"))
-    for key in ("validity.max_other_cpu", "validity.max_steal", "validity.max_memory_pressure"):
-        require_number(key, OmegaConf.select(cfg, key), at_least=0)
-    _integer(cfg, "supervisor.spares", 0)
+    check_ranges(cfg)  # types were checked while Hydra composed (the schema); bounds need resolved values
+    world = int(cfg.world_size)
     if OmegaConf.select(cfg, "fault.at_step") == "auto":
         with open_dict(cfg):
             cfg.fault.at_step = auto_fault_step(cfg)
     keep = OmegaConf.select(cfg, "checkpoint.keep_after_run")
     if keep not in ("auto", True, False):
         raise ConfigError(f"checkpoint.keep_after_run={keep}: allowed: auto, true, false")
-    _choice(cfg, "device", ("auto", "cpu", "cuda"))
-    _choice(cfg, "backend", ("auto", "gloo", "nccl"))
     if cfg.supervisor.launcher != "external":  # across nodes, each rank's node decides at start (on_this_node)
         cfg = on_this_node(cfg, local_ranks=world)
     with open_dict(cfg):

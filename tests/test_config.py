@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from conftest import ROOT, run_cli, run_module
 from resilience.__main__ import precheck
@@ -13,6 +15,7 @@ from resilience.command_line import CommandLineError
 from resilience.config import ConfigError, check_group_choices, resolve
 from resilience.projection.cli import precheck as projection_precheck
 from resilience.projection.validation import ConfigError as ProjectionConfigError
+from resilience.schema import SCHEMA_NAME, Experiment
 
 CONTRACT_KEYS = ("seed", "steps", "world_size", "device", "backend", "checkpoint.every", "checkpoint.keep",
                  "checkpoint.dir", "timeouts.collective_s", "timeouts.heartbeat_s", "fault.rank", "fault.at_step",
@@ -41,6 +44,25 @@ def test_resolve_fills_auto_values(tmp_path):
     assert cfg.threads_per_rank >= 1
     assert Path(cfg.checkpoint.dir) == (tmp_path / "ckpt").resolve()
     assert "${" not in str(cfg)  # fully resolved: rank processes have no Hydra context
+
+
+def test_the_schema_keeps_every_value_as_written(tmp_path):
+    """base_config types the settings but changes none: the resolved config is the one composed without it."""
+    from hydra.core.config_store import ConfigStore
+
+    plain = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", plain)
+    text = (plain / "config.yaml").read_text()
+    assert "  - base_config" in text
+    (plain / "config.yaml").write_text(text.replace("  - base_config", "", 1))
+    with initialize_config_dir(config_dir=str(plain), version_base="1.3"):
+        untyped = compose(config_name="config", overrides=["strategy=dcp_async", "fault=kill"])
+    typed = composed("strategy=dcp_async", "fault=kill")
+    assert OmegaConf.get_type(typed) is Experiment and OmegaConf.get_type(untyped) is dict
+    assert ConfigStore.instance().load(f"{SCHEMA_NAME}.yaml") is not None
+    as_written = OmegaConf.to_container(untyped, resolve=True)
+    assert OmegaConf.to_container(typed, resolve=True, enum_to_str=True) == as_written
+    assert resolve(typed, tmp_path, {}) == resolve(untyped, tmp_path, {})  # what the ranks receive
 
 
 def test_resolve_rejects_during_checkpoint_without_checkpoints(tmp_path):
@@ -88,6 +110,17 @@ BAD = [
     (("strategy=dlrover_flash", "strategy.saver=node"), "strategy.saver=node", "agent, rank"),
     (("strategy=dlrover_flash", "supervisor.launcher=external"), "supervisor.launcher=external",
      "supervisor.launcher=local"),
+    # Types and choices from the structured config (resilience/schema.py), while Hydra composes; bounds after.
+    (("steps=abc",), "steps=abc", "must be an integer >= 1"),
+    (("steps=2.5",), "steps=2.5", "must be an integer >= 1"),
+    (("seed=-1",), "seed=-1", "must be an integer >= 0"),
+    (("device=gpu",), "device=gpu", "must be one of auto, cpu, cuda"),
+    (("timeouts.collective_s=true",), "timeouts.collective_s=true", "must be a number > 0"),
+    (("timeouts.ckpt_io_s=-5",), "timeouts.ckpt_io_s=-5", "must be a number > 0"),
+    (("validity.max_steal=-0.1",), "validity.max_steal=-0.1", "must be a number >= 0"),
+    (("checkpoint.keep=0",), "checkpoint.keep=0", "must be an integer >= 1"),
+    (("steps=${seed}", "seed=abc"), "seed=abc", "must be an integer >= 0"),
+    (("-m", "steps=10,abc"), "steps=abc", "must be an integer >= 1"),
 ]
 
 
@@ -105,7 +138,8 @@ def test_bad_input_is_one_clear_line(tmp_path, overrides, setting, allowed):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("overrides,setting", [(("stratgy=sync",), "did you mean strategy"),
-                                               (("fault=kill", "fault.rank=5"), "fault.rank=5")])
+                                               (("fault=kill", "fault.rank=5"), "fault.rank=5"),
+                                               (("world_size=two",), "world_size=two: must be an integer >= 1")])
 def test_the_command_prints_one_line_exits_2_and_creates_nothing(tmp_path, overrides, setting):
     done = run_cli(*overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=100)
     assert done.returncode == 2
