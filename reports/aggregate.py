@@ -3,8 +3,10 @@
 A row holds the cell's name and parameters (``cell.*``), how its job ended (``state``, ``exit_code``, ``error``,
 ``error_detail``, ``elapsed_s``, ``run_dir``, ``host`` and ``started``: where and when (UTC, ISO 8601) the job ran,
 and ``probe``: the limits snapshot it ran under), every field of its
-``result.json`` flattened with dotted names (``recovery_breakdown_s.load``; absent for cells without a result), and
-``matches_reference``: whether its final state equals, bit for bit, that of the fault-free reference run of its
+``result.json`` flattened with dotted names (``recovery_breakdown_s.load``; absent for cells without a result),
+``parallel``: how the model was spread ("fsdp 4", "hsdp 2x2": result.json's ``parallel`` name and mesh shape;
+``parallel.shards_per_replica`` is a column too), and ``matches_reference``: whether its final state equals, bit
+for bit, that of the fault-free reference run of its
 (workload, world_size, steps, seed) — empty when either run has no final state. A cell of the matrix without a
 done.json keeps its row, in state ``not run`` (so that counts are of what the matrix asked for). SUMMARY_CSV is
 written atomically, and a Parquet copy beside it (SUMMARY_CSV with the suffix .parquet).
@@ -73,7 +75,18 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
         for own, ref in zip(frame["final_state_sha256"], frame["reference_cell"])
     ])
     frame["matches_reference"] = frame["matches_reference"].astype("object")
+    frame["parallel"] = [parallel_label(r) for _, r in frame.iterrows()]
     return frame
+
+
+def parallel_label(row: pd.Series) -> str:
+    """How the run spread the model: "fsdp 4", "hsdp 2x2" (result.json's name and mesh shape); a cell without a
+    result, or one from before result.json recorded it, names its ``parallel`` axis (default ``ddp``)."""
+    name, mesh = row.get("parallel.name"), row.get("parallel.mesh")
+    if isinstance(name, str) and isinstance(mesh, str):
+        return f"{name} {'x'.join(str(n) for n in json.loads(mesh))}"
+    axis = row.get("cell.parallel")
+    return axis if isinstance(axis, str) else "ddp"
 
 
 def _cell_fields(cell: Cell) -> dict[str, Any]:

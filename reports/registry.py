@@ -100,6 +100,10 @@ for _figure in (
     Measured("peers", "Ours against the libraries", "reports.peers:peers", note="reports.peers:peers_note"),
     Measured("recovery_peers", "Recovery without a checkpoint: ours against torchft and NVRx",
              "reports.recovery_peers:recovery_peers"),
+    Measured("sharded", "Sharded training: FSDP and HSDP", "reports.sharded:sharded",
+             note="reports.sharded:sharded_note",
+             caption="Checkpoint save (training-visible stall) and load after a fault per parallel setting, shard "
+                     "count, strategy and fault (medians; bars: 95% CI, or the runs' range where n < 6)."),
     Projected("goodput_vs_interval", "projection_interval_sweep.csv",
               "Projection: goodput against the checkpoint interval per strategy at the scenario's size; the star "
               "marks each strategy's optimal interval. Look at the height and the width of each peak: a flat peak "

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from markupsafe import Markup
 
-from reports import methods, project, registry, stats, tables
+from reports import methods, project, registry, sharded, stats, tables
 from reports.html import badge, figure, fmt, page, png_bytes, render_template, section, table
 from resilience.record.fsio import atomic_write_bytes
 
@@ -159,7 +159,8 @@ def _projection(status_path: Path | None, measured: list[str]) -> Markup:
             if "goodput_shown" in shown:  # goodput to the failure band's precision, not 3 digits (reports/project.py)
                 shown = [c for c in shown if c not in ("goodput_closed_form", "goodput_monte_carlo")]
             context.update(summary=table(proj, [(c, c) for c in shown], text=["strategy", "costs", "goodput_shown"]),
-                           folder=folder.name, calibration=Markup(project.calibration_html(folder)))
+                           folder=folder.name, calibration=Markup(project.calibration_html(folder)),
+                           per_shard=sharded.projection_html(folder))
     return section("projection", title, render_template("projection.html.j2", **context), "projection")
 
 

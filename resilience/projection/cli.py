@@ -26,6 +26,7 @@ from resilience.projection.outputs import write_csv, write_png
 from resilience.projection.report import format_summary
 from resilience.projection.scenario import Scenario, build_scenario, resolve_path
 from resilience.projection.settings import CONF_DIR, Settings, build_settings, search_dirs
+from resilience.projection.sharded import per_shard_fit
 from resilience.projection.simulator import SimulationResult, simulate
 from resilience.projection.validation import ConfigError
 
@@ -119,6 +120,8 @@ def run(cfg: Mapping[str, Any], default_out_dir: Path | None = None, cwd: Path |
     cluster_mc = cluster_monte_carlo(scn, settings, marker_sizes)
     if len(cluster_mc):
         tables["projection_cluster_monte_carlo.csv"] = cluster_mc
+    if measured:  # the per-shard line the strategy fit used for sharded runs, with its inputs (report, docs)
+        tables["projection_per_shard.csv"] = per_shard_fit(read_measured(measured))
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [write_csv(frame, out_dir / name) for name, frame in tables.items()]
     where = f"{scn.name}, {scn.gpus:,} GPUs, {scn.ckpt_bytes / sweeps.TB:.2f} TB checkpoint"

@@ -13,6 +13,7 @@ recovery_breakdown_s.load      no       checkpoint load on recovery -> ``load``
 recovery_breakdown_s.restart   no       process restart on recovery -> ``restart`` (fixed only)
 detection_latency_s            no       crash detection latency -> detection of crash kinds
 ckpt_writers or world_size     no       ranks that wrote the checkpoint (bytes per writer); else 1
+parallel.shards_per_replica    no       a sharded run's writers: each writes one shard (``sharded.py``)
 ============================== ======== ==========================================================
 
 A component whose column is missing (or all NaN for a strategy) keeps the scenario's default for that strategy;
@@ -29,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from resilience.projection.cost_model import ComponentCost, StrategyCosts, fit_component
+from resilience.projection.sharded import shards
 from resilience.projection.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
     for column in REQUIRED_COLUMNS:
         if column not in measured.columns:
             raise ConfigError(f"measured: column '{column}' missing (required: {', '.join(REQUIRED_COLUMNS)})")
-    writers = _writers(measured)
+    writers = shards(measured).fillna(_writers(measured))  # FSDP/HSDP: the shard count, whatever the world size
     out = dict(defaults)
     for name, rows in measured.groupby("strategy", sort=True):
         name = str(name)
