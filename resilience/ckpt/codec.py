@@ -18,8 +18,9 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from resilience.state import TrainState
+from resilience.state import TrainState, map_tensors
 from resilience.ckpt.shm_store import ALIGN
+from resilience.ckpt.snapshot import is_sharded, local_part
 
 
 class TensorRef(NamedTuple):
@@ -33,7 +34,12 @@ class TensorRef(NamedTuple):
 
 
 def snapshot_state(state: TrainState) -> dict[str, Any]:
-    """What a snapshot holds; its tensors are the model's and the optimizer's own (no copies)."""
+    """What a snapshot holds; its tensors are the model's and the optimizer's own (no copies). Of a sharded tensor
+    (a ``DTensor``, ``parallel=fsdp|hsdp``) it holds the local shard: each rank snapshots its own shards."""
+    return map_tensors(local_part, native_state(state))
+
+
+def native_state(state: TrainState) -> dict[str, Any]:
     return {"model": state.model.state_dict(), "optim": state.optimizer.state_dict()}
 
 
@@ -126,7 +132,29 @@ def restore(state: TrainState, restored: dict[str, Any]) -> None:
     """Put a snapshot decoded with ``live=tensor_leaves(snapshot_state(state))`` into ``state``. The model's tensors
     were read in place: ``load_state_dict``, which would copy each onto itself, runs only if one of them is not a
     parameter's or buffer's own memory. The optimizer adopts its tensors (same dtype and device: no copy)."""
-    owned = {t.data_ptr() for t in (*state.model.parameters(), *state.model.buffers())}
-    if not all(t.data_ptr() in owned for t in tensor_leaves(restored["model"]).values()):
+    live = tensor_leaves(native_state(state))
+    if any(is_sharded(t) for t in live.values()):
+        restored = _as_sharded(restored, live)
+    owned = {local_part(t).data_ptr() for t in (*state.model.parameters(), *state.model.buffers())}
+    if not all(local_part(t).data_ptr() in owned for t in tensor_leaves(restored["model"]).values()):
         state.model.load_state_dict(restored["model"])
     state.optimizer.load_state_dict(restored["optim"])
+
+
+def _as_sharded(restored: Any, live: dict[str, torch.Tensor], key: str = "") -> Any:
+    """``restored`` with each local shard read in place given back as its ``DTensor`` (the optimizer must adopt
+    sharded state). Every sharded tensor must have been read in place: the load creates the optimizer's state
+    first (``inmemory``), since a new local tensor has no sharding to wrap it in."""
+    if isinstance(restored, torch.Tensor):
+        whole = live.get(key)
+        if whole is None or not is_sharded(whole):
+            return restored
+        if local_part(whole).data_ptr() != restored.data_ptr():
+            raise RuntimeError(f"in-memory snapshot: the shard of {key} was not read into the live tensor")
+        return whole
+    items = restored.items() if isinstance(restored, dict) else enumerate(restored) \
+        if isinstance(restored, (list, tuple)) else None
+    if items is None:
+        return restored
+    walked = {k: _as_sharded(v, live, f"{key}.{k}") for k, v in items}
+    return walked if isinstance(restored, dict) else type(restored)(walked.values())

@@ -7,6 +7,10 @@ more than the copy itself: ~0.4 GB/s against ~15 GB/s on the reference machine).
 Data-parallel ranks hold identical replicas, so each rank snapshots and writes only its *share*: tensors are
 assigned to ranks by a deterministic size-balanced partition that every rank computes alone. DCP merges the
 ranks' disjoint plans into one checkpoint, loadable like any other (every rank then reads every key).
+
+Sharded ranks (``parallel=fsdp|hsdp``: the state dict holds ``DTensor``s) hold different data, so each rank
+snapshots every key: the local shard of each ``DTensor`` (re-wrapped around the buffer, so that DCP writes it as
+this rank's piece of the global tensor) and every plain tensor (DCP deduplicates those, and the replicas' shards).
 """
 
 from __future__ import annotations
@@ -18,6 +22,19 @@ import torch
 from torch import nn
 
 _OMIT = object()  # marks a tensor that another rank writes
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a ``DTensor``'s local shard, a plain tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -103,12 +120,16 @@ class HostSnapshot:
     def reserve(self, sd: dict[str, Any]) -> int:
         """Allocate (and touch) the buffers for ``sd``'s layout now, outside any stall; return bytes held. ``sd``
         may hold meta tensors (``layout_state_dict``): only dtypes and shapes are read."""
-        tensors = flat_tensors(sd)
+        flat = flat_tensors(sd)
+        tensors = {k: (local_part(t), shared) for k, (t, shared) in flat.items()}
         layout = {k: (t.dtype, tuple(t.shape)) for k, (t, _) in tensors.items()}
         if layout == self._layout:
             return self.nbytes
-        owner = assign_shares({k: t.numel() * t.element_size() for k, (t, shared) in tensors.items()
-                               if not shared}, self.world_size)
+        if any(is_sharded(t) for t, _ in flat.values()):  # every rank's data is its own: it keeps all of it
+            owner = dict.fromkeys(tensors, self.rank)
+        else:
+            owner = assign_shares({k: t.numel() * t.element_size() for k, (t, shared) in tensors.items()
+                                   if not shared}, self.world_size)
         pin = torch.cuda.is_available()  # pinned buffers make device-to-host copies asynchronous and faster
         self._buffers = {}
         for k, (t, shared) in tensors.items():
@@ -133,7 +154,13 @@ class HostSnapshot:
             buf = self._buffers.get(prefix)
             if buf is None:
                 return _OMIT
-            buf.copy_(obj.detach(), non_blocking=buf.is_pinned())
+            buf.copy_(local_part(obj.detach()), non_blocking=buf.is_pinned())
+            if is_sharded(obj):
+                # The host buffer as this rank's shard of the global tensor, with the live tensor's sharding spec
+                # (as torch's own CPU staging does, _state_dict_utils): ``from_local`` would move it to the device.
+                from torch.distributed.tensor import DTensor
+
+                return DTensor(buf, obj._spec, requires_grad=False)
             return buf
         if isinstance(obj, dict):
             items = ((k, self._copy(v, _join(prefix, k))) for k, v in obj.items())

@@ -31,7 +31,7 @@ from resilience.checks import require_number
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.ckpt.commit import CheckpointDir
-from resilience.ckpt.snapshot import HostSnapshot, layout_state_dict
+from resilience.ckpt.snapshot import HostSnapshot, is_sharded, layout_state_dict
 from resilience.strategies.sync import HookedWriter, SyncCheckpoint
 
 WHEN_BUSY = ("wait", "skip")
@@ -162,6 +162,9 @@ class AsyncCheckpoint(BackgroundCheckpoint):
     """CheckFreq's snapshot-then-persist, with a persist thread and reused host buffers."""
 
 
+    def handles_sharded_state(self) -> bool:
+        return True  # the snapshot holds each rank's own shards, which DCP writes as such (snapshot.py)
+
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.snapshot = HostSnapshot(rt.rank, rt.world_size)
@@ -169,11 +172,16 @@ class AsyncCheckpoint(BackgroundCheckpoint):
     def load(self, state: TrainState) -> int:
         """Load as ``sync`` does, then allocate the snapshot buffers, so that no checkpoint pays for that. An
         optimizer without state yet (Adam before its first step) is not stepped: its layout comes from a copy on
-        the meta device (``layout_state_dict``)."""
+        the meta device (``layout_state_dict``). A sharded model cannot be copied so (its parameters are
+        ``DTensor``s on a device mesh): there a fresh run's first snapshot allocates (``allocated_bytes``)."""
         step = super().load(state)
         t0 = time.monotonic()
-        layout = (state.state_dict() if state.optimizer.state  # state_dict() would step a fresh one (TrainState)
-                  else layout_state_dict(state.model, state.optimizer))
+        if state.optimizer.state:  # state_dict() would step a fresh optimizer (TrainState)
+            layout = state.state_dict()
+        elif not any(is_sharded(p) for p in state.model.parameters()):
+            layout = layout_state_dict(state.model, state.optimizer)
+        else:
+            return step
         nbytes = self.snapshot.reserve(layout)
         self.rt.events.emit("snapshot_reserved", bytes=nbytes, duration_s=time.monotonic() - t0)
         return step

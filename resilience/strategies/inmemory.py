@@ -1,9 +1,10 @@
 """In-memory checkpointing after DLRover Flash Checkpoint and Gemini (Wang et al., SOSP'23).
 
-Every ``checkpoint.every`` steps each rank copies its full model and optimizer state into its own shared-memory
-area on its node (``shm_store``: a ``/dev/shm`` file that survives the restart of the rank process, as DLRover's
-agent-owned shared memory does) and into a *peer copy* held in the memory of rank ``(r + ranks_per_node) %
-world_size``, on the next node (Gemini's replica in a remote machine's CPU memory). On one host the writing rank
+Every ``checkpoint.every`` steps each rank copies its model and optimizer state (its own shards under
+``parallel=fsdp|hsdp``) into its own shared-memory area on its node (``shm_store``: a ``/dev/shm`` file that
+survives the restart of the rank process, as DLRover's agent-owned shared memory does) and into a *peer copy* held
+in the memory of rank ``(r + ranks_per_node) % world_size``, on the next node (Gemini's replica in a remote
+machine's CPU memory); under HSDP, of the rank that holds the same shard in the next replica group. On one host the writing rank
 maps the peer's file itself; on a real cluster that copy would cross the network to the peer node's agent. Only
 one copy is inside the stall (the state straight into the own slot); the slot's CRC32 and commit, and the peer
 copy (a copy of that slot), run in a thread beside the next step and are complete before the step after it begins
@@ -38,6 +39,7 @@ from resilience.ckpt import node_memory, shm_store
 from resilience.ckpt.codec import StateCodec, TensorRef, snapshot_state, restore, tensor_leaves
 from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import ALIGN, Area, SlotInfo
+from resilience.ckpt.snapshot import is_sharded, local_part
 from resilience.strategies.sync import SyncCheckpoint
 
 
@@ -84,6 +86,9 @@ class InMemoryCheckpoint(SyncCheckpoint):
                              f"{shm_store.SHM_DIR} for {world_size} ranks, {free / 1e6:,.0f} MB is free (short by "
                              f"{(need - free) / 1e6:,.0f} MB); free some, or use fewer ranks or strategy=sync")
 
+    def handles_sharded_state(self) -> bool:
+        return True  # each rank snapshots its own shards (codec.snapshot_state) and loads exactly those back
+
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self._check_world(rt.world_size)
@@ -91,15 +96,24 @@ class InMemoryCheckpoint(SyncCheckpoint):
         self.memory = NodeMemory(self.rid)  # the same areas as the runtime's service: a NodeMemory is its run id
         r, rpn = rt.rank, self.ranks_per_node
         self.node = r // rpn
-        holder = (r + rpn) % rt.world_size
-        # One node only: no other machine to hold a copy; the snapshot survives process restarts, not the node.
-        self.holder = holder if holder // rpn != self.node else None
         self.own_path = shm_store.area_path(self.rid, self.node, r, r)
-        self.peer_path = (shm_store.area_path(self.rid, holder // rpn, holder, r)
+        self._place_peer((r + rpn) % rt.world_size)
+
+    def _place_peer(self, holder: int) -> None:
+        """The rank whose node holds our peer copy; none when it is on our own node (one node only: no other
+        machine to hold a copy; the snapshot survives process restarts, not the node)."""
+        rpn = self.ranks_per_node
+        self.holder = holder if holder // rpn != self.node else None
+        self.peer_path = (shm_store.area_path(self.rid, holder // rpn, holder, self.rt.rank)
                           if self.holder is not None else None)
 
     def load(self, state: TrainState) -> int:
-        """Load, then create (or map) the areas now, so that no checkpoint pays for reserving their RAM."""
+        """Load, then create (or map) the areas now, so that no checkpoint pays for reserving their RAM. Under
+        HSDP the peer copy goes to the rank that holds the same shard in the next replica group, where it is
+        on another node (``replica_peer``)."""
+        holder = replica_peer(state)
+        if holder is not None and holder // self.ranks_per_node != self.node:
+            self._place_peer(holder)
         step = super().load(state)
         dist.barrier()  # reserve only once every rank has loaded: a rank still reading must not compete with it
         t0 = time.monotonic()
@@ -117,7 +131,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
         to hold two tensors and a step per parameter, like Adam (a snapshot that needs more grows the area)."""
         data, meta, _ = self.codec.encode(snapshot_state(state), crc=False)  # the layout only: nothing is copied
         if not state.optimizer.state:
-            params = [p for p in state.model.parameters() if p.requires_grad]
+            params = [local_part(p) for p in state.model.parameters() if p.requires_grad]
             data += sum(2 * -(-p.numel() * p.element_size() // ALIGN) * ALIGN + ALIGN for p in params)
         return data + ALIGN + 3 * len(meta)  # meta: room for the optimizer's entries too
 
@@ -280,6 +294,8 @@ class InMemoryCheckpoint(SyncCheckpoint):
         copies all fail has a half-overwritten state (see ``_load``).
         """
         t0 = time.monotonic()
+        if not state.optimizer.state and any(is_sharded(p) for p in state.model.parameters()):
+            state.state_dict()  # creates the optimizer's sharded state (as sync's load does), to read shards into
         live = tensor_leaves(snapshot_state(state))  # read in place: their pages are already faulted in
         done = None
         for area, source in ((own, "memory"), (peer, "peer_memory")):
@@ -319,3 +335,15 @@ class InMemoryCheckpoint(SyncCheckpoint):
             if area is not None:
                 area.close()
             setattr(self, which, None)
+
+
+def replica_peer(state: TrainState) -> int | None:
+    """Under HSDP (a ``replicate x shard`` mesh): the rank holding this rank's shard in the next replica group,
+    whose own state is the same shard; None for any other parallelism."""
+    from torch.distributed.tensor import DTensor
+
+    mesh = next((p.device_mesh for p in state.model.parameters() if isinstance(p, DTensor)), None)
+    if mesh is None or mesh.ndim != 2 or mesh.mesh_dim_names[0] != "replicate":
+        return None
+    replica, shard = mesh.get_coordinate()
+    return int(mesh.mesh[(replica + 1) % mesh.size(0), shard])
