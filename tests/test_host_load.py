@@ -1,56 +1,90 @@
-"""The validity of a measurement: CPU used by processes outside the run marks it noisy; the verdict names what was
-over its threshold; a run with no record says "unknown", never "valid"."""
+"""The validity of a measurement: CPU used by processes outside the run marks it noisy, CPU of the run's own
+descendants never does; the verdict names what was over its threshold; a run with no record says "unknown", never
+"valid"."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from resilience.record.host_load import HostLoadSampler
+from resilience.record.host_load import TICK, HostLoadSampler
 from resilience.record.metrics import _validity
 
 pytestmark = pytest.mark.timeout(60)
-HOG = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass"
+# Burns ARGV[1] s of CPU, prints its CPU time, sleeps ARGV[2] s (so that a sample sees its final CPU), exits.
+HOG = ("import sys, time\nwhile time.process_time() < float(sys.argv[1]): pass\n"
+       "print(time.process_time(), flush=True)\ntime.sleep(float(sys.argv[2]))")
+# A rank that starts a checkpoint process (the hog) and waits: killed, it leaves the hog to whoever adopts orphans.
+RANK = ("import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', sys.argv[1], *sys.argv[2:]])\n"
+        "print(p.pid, flush=True)\ntime.sleep(60)")
 LIMITS = {"max_other_cpu": 0.1, "max_steal": 0.05, "max_memory_pressure": 10}
 
 
-def test_busy_processes_beside_the_run_count_as_other_cpu():
-    sampler = HostLoadSampler(interval_s=0.2).start()
-    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]  # not this "run's": never reaped
-    time.sleep(2.0)
-    figures = sampler.stop()  # before the hogs are waited for: their CPU time is not ours
-    for hog in hogs:
-        hog.wait(timeout=30)
-    assert figures["other_cpu_frac"] > 0.4, figures  # two busy loops on this machine's cores
+def _cpu_s(pid: int) -> float:
+    """A process's own CPU seconds (utime + stime), read as the sampler reads them."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _wait_until(done, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_an_unrelated_busy_loop_counts_as_other_cpu():
+    """A busy loop started outside the run (its parent has exited before the run starts: not a descendant)."""
+    starter = subprocess.Popen([sys.executable, "-c", RANK.replace("time.sleep(60)", ""), HOG, "30", "0"],
+                               stdout=subprocess.PIPE, text=True)
+    hog = int(starter.stdout.readline())
+    starter.wait(timeout=30)  # the hog is an orphan now, adopted outside this process's tree
+    try:
+        before, t0 = _cpu_s(hog), time.monotonic()
+        sampler = HostLoadSampler(interval_s=0.1).start()
+        time.sleep(1.0)
+        figures = sampler.stop()
+        used, wall = _cpu_s(hog) - before, time.monotonic() - t0
+    finally:
+        os.kill(hog, signal.SIGKILL)
+    assert used > 0.1, used  # it ran
+    assert figures["own_cpu_s"] < used / 2, (figures, used)  # not the run's ...
+    assert figures["other_cpu_frac"] * figures["cpus"] * wall > 0.8 * used, (figures, used)  # ... but other's
     verdict = _validity({**figures, "thresholds": LIMITS})
     assert verdict["verdict"] == "noisy" and verdict["reasons"][0].startswith("other processes' CPU")
 
 
-def _other_cpu_around_a_hog(reap_first: bool) -> tuple[float, float]:
-    """(other_cpu_frac, the hog's share of the machine) over a 1.5 s busy child, reaped before or after stop."""
-    t0 = time.monotonic()
-    sampler = HostLoadSampler(interval_s=0.2).start()
-    hog = subprocess.Popen([sys.executable, "-c", HOG.replace("3", "1.5")])
-    while hog.poll() is None if reap_first else time.monotonic() - t0 < 1.6:
-        time.sleep(0.05)
+def test_the_runs_descendants_are_its_own_cpu_whoever_reaps_them():
+    """What DCP's process executor does under a kill: the killed rank's checkpoint process burns CPU; it is the
+    run's own CPU whether it ends as an unreaped zombie of the run (under the supervisor, a subreaper) or as an
+    orphan adopted outside the run's tree. Each counts, by the CPU time the process reports itself."""
+    sampler = HostLoadSampler(interval_s=0.1).start()
+    zombie = subprocess.Popen([sys.executable, "-c", HOG, "0.4", "0"], stdout=subprocess.PIPE, text=True)
+    burned = float(zombie.stdout.readline())
+    _wait_until(lambda: _state(zombie.pid) == "Z", "the child to exit")  # exited, not reaped: getrusage lacks it
+    rank = subprocess.Popen([sys.executable, "-c", RANK, HOG, "0.4", "0.3"], stdout=subprocess.PIPE, text=True)
+    orphan = int(rank.stdout.readline())
+    time.sleep(0.2)  # the sampler sees the checkpoint process as the rank's
+    rank.kill()  # the fault: the rank dies, its checkpoint process is reparented out of this tree
+    rank.wait(timeout=30)
+    burned += float(rank.stdout.readline())
+    _wait_until(lambda: _state(orphan) in ("gone", "Z"), "the orphan to exit")
     figures = sampler.stop()
-    hog.wait(timeout=30)
-    return figures["other_cpu_frac"], 1.5 / ((time.monotonic() - t0) * figures["cpus"])
-
-
-def test_own_work_is_not_other_cpu():
-    """The same busy child counts as other CPU only while it is not the run's (not reaped by it); measured both
-    ways side by side, so that a busy machine moves both figures alike."""
-    idle = HostLoadSampler(interval_s=0.2).start()
-    time.sleep(0.5)
-    if idle.stop()["other_cpu_frac"] > 0.3:  # a saturated host: a busy child takes from others, adds nothing
-        pytest.skip("the host is too busy to tell the run's CPU from others' (other processes > 30% of it)")
-    own, share = _other_cpu_around_a_hog(reap_first=True)
-    other, _ = _other_cpu_around_a_hog(reap_first=False)
-    assert other - own > share / 2, (own, other, share)
+    zombie.wait(timeout=30)
+    assert figures["own_cpu_s"] >= 0.9 * burned, (figures, burned)
 
 
 def test_verdicts():
