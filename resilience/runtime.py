@@ -114,6 +114,9 @@ class RankRuntime:
     ckpt_rejected: RejectionReport | None = None
     group: ProcessGroup | None = None
     wrap_model: ModelWrap | None = None
+    # The workload's model factory (a strategy that rebuilds a sharded model over a re-formed group builds it on
+    # the meta device and overwrites every byte).
+    build_model: Callable[[], nn.Module] | None = None
 
     @property
     def attempt(self) -> int:

@@ -112,7 +112,8 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
                          ckpt_fs=injector.checkpoint_fs(rank), node_memory=strategy.node_memory(run_dir),
                          ckpt_rejected=detectors.rejection_report(), group=group,
                          wrap_model=bare if owns_step else roles.parallel.wrapper(device, world, injector,
-                                                                                  in_place=group.in_place))
+                                                                                  in_place=group.in_place),
+                         build_model=roles.workload.build_model)
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
