@@ -21,7 +21,9 @@ from markupsafe import Markup
 from reports.figures import empty, interval_bars
 from reports.html import render_template, table
 from reports.tables import bit_exact, col, finished, medians, not_measured, order, timed_runs
+from resilience.bench.sharded import step_rates
 from resilience.projection.sharded import per_shard_fit
+from resilience.record.events import read_events
 
 SHARDED = ("fsdp", "hsdp")
 MEASURES = {"save_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",
@@ -32,7 +34,8 @@ SHRINK_NOTE = ("A run shrunk after a node loss cannot be bit-exact against the f
                "parallel setting.")
 COLUMNS = [("parallel", "parallel"), ("strategy", "strategy"), ("fault", "fault"), ("shards", "shards per replica"),
            ("cells", "cells"), ("runs", "finished"), ("save_s", "save (s)"), ("durable_s", "durable (s)"),
-           ("load_s", "load after fault (s)"), ("recovery_s", "recovery (s)"), ("bit_exact", "bit-exact"),
+           ("load_s", "load after fault (s)"), ("recovery_s", "recovery (s)"),
+           ("throughput", "steps/s before -> after the fault"), ("bit_exact", "bit-exact"),
            ("loss_delta", "loss vs fault-free"), ("note", "")]
 
 
@@ -61,6 +64,25 @@ def _loss_delta(rows: pd.DataFrame, summary: pd.DataFrame) -> float | None:
     return None if pd.isna(delta) else float(delta)
 
 
+def _throughput(timed: pd.DataFrame) -> str:
+    """Steps per second of the first and the last attempt (median over the runs; from their events), with the
+    world sizes: "0.67 -> 1.14 (4 -> 2 ranks)" after a shrink. "-" without runs whose events are at hand."""
+    firsts, lasts, worlds = [], [], set()
+    for run_dir in timed.get("run_dir", pd.Series(dtype=object)).dropna():
+        if not (Path(run_dir) / "events.jsonl").exists():
+            continue
+        sizes, rate = step_rates(read_events(Path(run_dir)))
+        if rate and sizes:
+            firsts.append(rate[min(rate)])
+            lasts.append(rate[max(rate)])
+            worlds.add((sizes[0], sizes[-1]))
+    first, last = pd.Series(firsts, dtype=float).median(), pd.Series(lasts, dtype=float).median()
+    if pd.isna(first) or pd.isna(last):
+        return "-"
+    sizes = " / ".join(f"{a} -> {b} ranks" for a, b in sorted(worlds))
+    return f"{first:.2f} -> {last:.2f} ({sizes}; n={len(firsts)})"
+
+
 def sharded_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per (parallel, strategy, fault) of the sharded cells, in the matrix's order (module docstring)."""
     cells = sharded_cells(summary)
@@ -72,7 +94,7 @@ def sharded_table(summary: pd.DataFrame) -> pd.DataFrame:
         shrink = _is_shrink(rows)
         out.append({"parallel": parallel, "strategy": strategy, "fault": fault, "shards": _shards(rows),
                     "cells": len(rows), "runs": len(ran),
-                    **medians({m: col(timed, c) for m, c in MEASURES.items()}),
+                    **medians({m: col(timed, c) for m, c in MEASURES.items()}), "throughput": _throughput(timed),
                     "bit_exact": ("not by design (world size changes)" if shrink and len(ran) else bit_exact(ran)),
                     "loss_delta": _loss_delta(ran, summary) if shrink and len(ran) else None,
                     "note": not_measured(rows)})
@@ -104,8 +126,8 @@ def sharded_note(summary: pd.DataFrame) -> str:
         return ""
     fit = per_shard_fit(summary)
     return str(render_template(
-        "sharded.html.j2", table=table(data, COLUMNS, text=["parallel", "strategy", "fault", "shards", "bit_exact",
-                                                             "note"], intervals=list(MEASURES)),
+        "sharded.html.j2", table=table(data, COLUMNS, text=["parallel", "strategy", "fault", "shards", "throughput",
+                                                             "bit_exact", "note"], intervals=list(MEASURES)),
         shrink_note=SHRINK_NOTE if (data["loss_delta"].notna().any() or "shrink" in " ".join(order(
             sharded_cells(summary), "cell.recovery"))) else "",
         fit=fit_html(fit)))

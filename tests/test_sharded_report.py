@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -25,7 +27,19 @@ def _row(cell, parallel, strategy, fault, state="ok", recovery="restart", **fiel
     return row
 
 
-def _summary() -> pd.DataFrame:
+def _events(run_dir, rates: dict[int, tuple[int, float]]):
+    """A run's events.jsonl: per attempt, its world size and 5 steps on rank 0 at the given steps per second."""
+    run_dir.mkdir(parents=True)
+    events = []
+    for attempt, (world, rate) in rates.items():
+        events.append({"kind": "run_start", "rank": 0, "attempt": attempt, "world_size": world, "t_mono": 0.0})
+        events += [{"kind": "step_end", "rank": 0, "attempt": attempt, "t_mono": 100.0 * attempt + i / rate}
+                   for i in range(5)]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return str(run_dir)
+
+
+def _summary(tmp_path=None) -> pd.DataFrame:
     rows = [_row("ref-fsdp", "fsdp", "none", "none", final_loss=1.70),
             _row("ref-hsdp", "hsdp", "none", "none", final_loss=1.71)]
     for i, stall in enumerate((0.50, 0.60, 0.55)):  # three repeats of one fsdp kill cell
@@ -33,15 +47,17 @@ def _summary() -> pd.DataFrame:
                          recovery_load_s=0.7, recovery_time_s=9.0, matches_reference=True, final_loss=1.70))
     rows.append(_row("hsdp-kill", "hsdp", "sync", "kill", ckpt_stall_s=0.9, ckpt_durable_s=0.9, recovery_load_s=1.1,
                      recovery_time_s=10.0, matches_reference=True, final_loss=1.71))
+    run_dir = _events(tmp_path / "shrink", {0: (4, 0.5), 1: (2, 0.8)}) if tmp_path else None
     rows.append(_row("fsdp-shrink", "fsdp", "sync", "node_loss_shrink", recovery="shrink", ckpt_stall_s=0.4,
-                     recovery_load_s=0.6, recovery_time_s=8.0, matches_reference=False, final_loss=1.79))
+                     recovery_load_s=0.6, recovery_time_s=8.0, matches_reference=False, final_loss=1.79,
+                     run_dir=run_dir))
     rows.append(_row("hsdp-shrink", "hsdp", "dcp_async", "node_loss_shrink", state="invalid", recovery="shrink"))
     rows.append(_row("hsdp-dcp-kill", "hsdp", "dcp_async", "kill", state="not run"))
     return pd.DataFrame(rows)
 
 
-def test_sharded_rows_render_with_intervals_the_shrink_loss_and_unmeasured_rows():
-    table = sharded.sharded_table(_summary()).set_index(["parallel", "strategy", "fault"])
+def test_sharded_rows_render_with_intervals_the_shrink_loss_and_unmeasured_rows(tmp_path):
+    table = sharded.sharded_table(_summary(tmp_path)).set_index(["parallel", "strategy", "fault"])
     assert len(table) == 5  # the fault-free references (strategy none) have no row
     kill = table.loc[("fsdp", "sync", "kill")]
     assert kill["shards"] == "4" and kill["save_s"] == pytest.approx(0.55) and kill["save_s_n"] == 3
@@ -49,6 +65,7 @@ def test_sharded_rows_render_with_intervals_the_shrink_loss_and_unmeasured_rows(
     assert table.loc[("hsdp", "sync", "kill"), "shards"] == "2"
     shrink = table.loc[("fsdp", "sync", "node_loss_shrink")]
     assert shrink["bit_exact"].startswith("not by design") and shrink["loss_delta"] == pytest.approx(0.09)
+    assert shrink["throughput"] == "0.50 -> 0.80 (4 -> 2 ranks; n=1)"  # the reduced size's, from the events
     assert table.loc[("hsdp", "dcp_async", "kill"), "note"] == "not measured (not run)"
     assert table.loc[("hsdp", "dcp_async", "node_loss_shrink"), "note"] == "not measured (error)"
 

@@ -46,17 +46,22 @@ def run(out: Path, name: str, workload: str) -> Path:
     return run_dir
 
 
+def step_rates(events: list[dict]) -> tuple[list[int], dict[int, float | None]]:
+    """The world size of each attempt and its steps per second, between the attempt's first and last step on
+    rank 0 (checkpoint stalls included): the throughput before a fault and after it, at the reduced size too."""
+    rate = {}
+    for attempt in sorted({e["attempt"] for e in events if e["kind"] == "step_end"}):
+        ends = [e["t_mono"] for e in events if e["kind"] == "step_end" and e["rank"] == 0 and e["attempt"] == attempt]
+        rate[attempt] = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 2 else None
+    return [e["world_size"] for e in events if e["kind"] == "run_start" and e["rank"] == 0], rate
+
+
 def figures(run_dir: Path) -> dict:
     """What this benchmark reports of one run, from its result.json and events."""
     result = json.loads((run_dir / "result.json").read_text())
     events = read_events(run_dir)
     stalls = [e["t_mono"] for e in events if e["kind"] in ("ckpt_begin", "ckpt_stall_end") and e["rank"] == 0]
-    rate = {}
-    for attempt in sorted({e["attempt"] for e in events if e["kind"] == "step_end"}):
-        ends = [e["t_mono"] for e in events if e["kind"] == "step_end" and e["rank"] == 0 and e["attempt"] == attempt]
-        # steps per second between the attempt's first and last step (checkpoint stalls included)
-        rate[attempt] = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 2 else None
-    starts = [e["world_size"] for e in events if e["kind"] == "run_start" and e["rank"] == 0]
+    starts, rate = step_rates(events)
     return {"world_sizes": starts, "ckpt_stall_s_median": statistics.median(
                 b - a for a, b in zip(stalls[::2], stalls[1::2])) if len(stalls) > 1 else None,
             "ckpt_bytes": result.get("ckpt_bytes"), "recovery_load_s": result.get("recovery_load_s"),
