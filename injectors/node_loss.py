@@ -1,6 +1,9 @@
 """Node loss: every rank of one simulated node dies at once, with what that node held in memory for recovery.
 
-Stands for a host, PSU or network failure, which takes a whole machine's ranks and RAM with it.
+Stands for a host, PSU or network failure, which takes a whole machine's ranks and RAM with it. With
+``return_after_s`` the node comes back that many seconds after the loss (repaired, rebooted, reconnected): its
+ranks can be started again, which ``recovery=grow`` does at the next checkpoint boundary. The return is the
+supervisor's to act on (it reads the setting through the recovery policy); the ranks only record it with the fault.
 """
 
 from __future__ import annotations
@@ -8,16 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from injectors.kill import Kill
-from resilience.checks import require_int
+from resilience.checks import require_int, require_number
 
 
 class NodeLoss(Kill):
     """Kills every rank of the simulated node that holds ``fault.rank`` (ranks grouped by ``ranks_per_node``)."""
 
-
-    def __init__(self, ranks_per_node: int = 1, **kw: Any) -> None:
+    def __init__(self, ranks_per_node: int = 1, return_after_s: float | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.ranks_per_node = require_int("fault.ranks_per_node", ranks_per_node, 1)
+        # None: the node never returns (the job goes on without it or waits for a spare)
+        self.return_after_s = None if return_after_s is None else require_number(
+            "fault.return_after_s", return_after_s, at_least=0)
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         super().validate(world_size, steps, ckpt_every)
@@ -33,7 +38,8 @@ class NodeLoss(Kill):
         return set(range(first, first + self.ranks_per_node))
 
     def _plan_detail(self, step: int) -> dict[str, Any]:
-        return {**super()._plan_detail(step), "node": self.node(), "node_ranks": sorted(self.targets())}
+        return {**super()._plan_detail(step), "node": self.node(), "node_ranks": sorted(self.targets()),
+                "return_after_s": self.return_after_s}
 
     def _act(self, step: int) -> None:
         if self.rt.node_memory is not None:

@@ -60,6 +60,8 @@ def build_roles(cfg: DictConfig) -> Roles:
         raise ValueError(f"recovery={roles.policy.name}: restarts fewer ranks through the local supervisor's elastic "
                          f"agent; needs supervisor.launcher=local and a strategy that restarts every rank (not "
                          f"strategy={strategy.name} with supervisor.launcher={cfg.supervisor.launcher})")
+    if hasattr(roles.policy, "check_resharding"):  # recovery=grow: down to the survivors and back (recovery/grow.py)
+        roles.policy.check_resharding(int(cfg.world_size), roles)
     return roles
 
 

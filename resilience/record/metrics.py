@@ -13,6 +13,7 @@ from typing import Any
 from resilience.record.inprocess import inprocess_recovery
 from resilience.record.query import first, median, pairs
 from resilience.record.replicas import replica_groups, replica_recovery
+from resilience.record.world import world_sizes
 
 SCHEMA_VERSION = 1
 
@@ -52,6 +53,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result.update(_peer(events))
     result.update(replica_groups(events, run["world_size"]))
     result.update(replica_recovery(events, run["world_size"]))  # our replica's, under the same names
+    result.update(world_sizes(events, launch))  # recovery=shrink|grow: the sizes trained at (none if it kept its size)
     result.update(inprocess_recovery(events))  # NVRx's in-process restart: in place, or the supervisor's fallback
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
     result["validity"] = _validity(first(sup, "host_load"))

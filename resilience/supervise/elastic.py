@@ -3,24 +3,29 @@
 ``LocalElasticAgent`` spawns the rank processes after a c10d rendezvous, polls them every
 ``supervisor.monitor_interval_s`` and, when one fails, stops all and restarts the group within its restart budget.
 The subclass adds only observation: failures go through the detectors into ``fault_detected`` events, a hung rank
-named by the heartbeat is killed, and every restart is logged.
+named by the heartbeat is killed, and every restart is logged. With ``recovery=shrink`` a restart starts only the
+survivors' ranks; with ``recovery=grow`` the agent also follows the event log and, once the lost node has returned
+and the next checkpoint is committed, restarts every rank at the full world size (``world_resized`` both ways).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
+import time
 import uuid
+from pathlib import Path
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from resilience.record.events import EventLog
+from resilience.record.events import EVENTS_FILE, EventLog
 from resilience.runtime import AgentService
 from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
@@ -31,11 +36,17 @@ class ObservedAgent(LocalElasticAgent):
     """The elastic agent, reporting what it sees to the event log and the console."""
 
     def __init__(self, *args, events: EventLog, observer: Observer, policy: str, services: list[AgentService],
-                 shrink=None, **kwargs) -> None:
+                 shrink=None, grow=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._events, self._observer, self._policy, self._services = events, observer, policy, services
         self._reported = False  # one failure per attempt: later failures are the same fault spreading
         self._shrink, self._failed = shrink, []  # recovery=shrink: the world size after a failure of these ranks
+        self._grow = grow  # recovery=grow: the policy that says when the lost node rejoins
+        self._full, self._max_restarts = kwargs["spec"].local_world_size, kwargs["spec"].max_restarts
+        self._grown = 0  # starts at the full size after a shrink (each counted as an attempt, not as a restart)
+        self._tail = EventTail(observer.run_dir / EVENTS_FILE)
+        self._returned = False  # node_returned recorded for the loss being waited out
+        self._durable_step, self._fault_step = 0, None  # from the ranks' records (the tail)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Look before the agent does: on the first failure its poll also SIGTERMs the surviving ranks and waits
@@ -56,7 +67,30 @@ class ObservedAgent(LocalElasticAgent):
                     for w in worker_group.workers:
                         if w.global_rank in doomed:
                             kill_hard(pids[w.local_rank])
-        return super()._monitor_workers(worker_group)
+        result = super()._monitor_workers(worker_group)
+        if self._grow is not None and result.state == WorkerState.HEALTHY:
+            if self._follow(worker_group) is not None:  # its ranks start again with the others, from that checkpoint
+                self._start_again(worker_group, self._full)
+        return result
+
+    def _follow(self, worker_group: WorkerGroup) -> int | None:
+        """Read the ranks' new records: the newest committed checkpoint and the last fault; with recovery=grow the
+        step of the checkpoint after which the returned node rejoins, once it is committed (else None)."""
+        shrunk = worker_group.spec.local_world_size < self._full
+        for event in self._tail.read():
+            if event["kind"] == "fault_injected":
+                self._fault_step = event["step"]
+            elif event["kind"] == "ckpt_durable":
+                self._durable_step = event["step"]
+                if not (shrunk and event["attempt"] == self._events.attempt):
+                    continue  # only a checkpoint of the shrunk world is the boundary to grow at
+            if self._grow is not None and self._grow.take_back(event) is not None:
+                return self._durable_step
+        if self._grow is not None and shrunk and not self._returned and self._grow.returned(time.monotonic()):
+            self._returned = True
+            self._events.emit("node_returned", ranks=self._failed, after_s=self._grow.return_after_s)
+            say("the lost node is back: its ranks rejoin after the next checkpoint")
+        return None
 
     def _failed_exit_codes(self, worker_group: WorkerGroup) -> dict[int, int]:
         """Global rank -> exit code of every rank process that has exited with a failure (non-blocking)."""
@@ -81,14 +115,32 @@ class ObservedAgent(LocalElasticAgent):
         super()._stop_workers(worker_group)
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        self._events.attempt += 1
-        used = worker_group.spec.max_restarts - self._remaining_restarts
-        self._events.emit("restart", policy=self._policy, restart=used, max_restarts=worker_group.spec.max_restarts)
-        say(f"restarting all ranks (restart {used} of {worker_group.spec.max_restarts})")
+        used = worker_group.spec.max_restarts - self._grown - self._remaining_restarts
+        say(f"restarting all ranks (restart {used} of {self._max_restarts})")
+        size = worker_group.spec.local_world_size
         if self._shrink is not None:  # only the ranks of the nodes that are left start again
-            size = self._shrink(worker_group.spec.local_world_size, self._failed)
-            self._events.emit("world_resized", world_size=size, failed_ranks=self._failed)
-            say(f"going on with {size} ranks")
+            self._returned = False
+            size = self._shrink(size, self._failed)
+        self._start_again(worker_group, size, restart=used)
+
+    def _start_again(self, worker_group: WorkerGroup, size: int, restart: int | None = None) -> None:
+        """Stop every rank and start the next attempt with ``size`` ranks (``restart``: the failure restart's
+        number; None: growing back, which spends none of the restart budget, like the agent's membership change)."""
+        self._events.attempt += 1
+        if restart is None:
+            # The ranks number their attempt by the agent's restart count (TORCHELASTIC_RESTART_COUNT = max_restarts
+            # - remaining): raise both ends by one, so that it counts this start and the budget stays.
+            self._grown += 1
+            worker_group.spec.max_restarts += 1
+        self._events.emit("restart", policy=self._policy, restart=restart, reason="grow" if restart is None
+                          else "failure", max_restarts=self._max_restarts)
+        old = worker_group.spec.local_world_size
+        if size != old:
+            self._follow(worker_group)  # the step the new world resumes from: the newest committed checkpoint
+            self._events.emit("world_resized", world_size=size, previous=old, direction="up" if size > old
+                              else "down", step=self._durable_step, fault_step=self._fault_step,
+                              failed_ranks=self._failed)
+            say(f"going on with {size} ranks from the checkpoint of step {self._durable_step}")
             worker_group.spec.local_world_size = self._observer.world_size = size
         reset_board(self._observer.run_dir, worker_group.spec.local_world_size)
         self._reported = False
@@ -133,6 +185,7 @@ class ElasticSupervisor(Supervisor):
             policy=self.policy.name,
             services=services,
             shrink=getattr(self.policy, "world_after", None),
+            grow=self.policy if hasattr(self.policy, "take_back") else None,
         )
         started: list[AgentService] = []
         try:
@@ -144,3 +197,27 @@ class ElasticSupervisor(Supervisor):
             for service in reversed(started):
                 service.close()
             spec.rdzv_handler.shutdown()
+
+
+class EventTail:
+    """The event log's lines appended since the last read (the supervisor follows the ranks' records)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        whole = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += whole
+        out = []
+        for line in data[:whole].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # torn by a process killed mid-write (resilience.record.events)
+                continue
+        return out
