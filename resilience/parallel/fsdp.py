@@ -22,6 +22,7 @@ REDUCE = ("ordered", "library")
 class FullyShardedParallel(Parallelism):
 
     shards_state = True
+    replicas = 1  # how many ranks hold each shard (hsdp: parallel.replicate)
 
     def __init__(self, reshard_after_forward: bool = True, reduce: str = "ordered") -> None:
         self.reshard_after_forward = require_bool("parallel.reshard_after_forward", reshard_after_forward)
@@ -40,6 +41,12 @@ class FullyShardedParallel(Parallelism):
         if strategy.saves and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} does not save sharded state; use "
                              f"strategy=sync or strategy=dcp_async (executor=thread)")
+        if strategy.recovers_in_place and not strategy.handles_sharded_state():
+            raise ValueError(f"parallel={name}: strategy={strategy.name} recovers in place with whole-model state "
+                             f"(strategy=replica moves shards with while_replacing=wait); use parallel=ddp")
+        if strategy.recovers_in_place and self.replicas < 2:
+            raise ValueError(f"parallel={name}: strategy={strategy.name} takes a lost rank's state from a replica, "
+                             f"and {name} holds each shard once; use parallel=hsdp or a strategy that checkpoints")
         if injector.hooks_reduction or injector.name == "bitflip":
             raise ValueError(f"parallel={name}: fault={injector.name} reaches into DDP's module and reduction, which "
                              f"a sharded model has not; use parallel=ddp")

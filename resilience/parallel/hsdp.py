@@ -19,7 +19,7 @@ class HybridShardedParallel(FullyShardedParallel):
 
     def __init__(self, replicate: int = 2, reshard_after_forward: bool = True, reduce: str = "ordered") -> None:
         super().__init__(reshard_after_forward, reduce)
-        self.replicate = require_int("parallel.replicate", replicate, 2)
+        self.replicate = self.replicas = require_int("parallel.replicate", replicate, 2)
 
     def mesh(self, device: torch.device, world_size: int) -> DeviceMesh:
         return init_device_mesh(device.type, (self.replicate, world_size // self.replicate),
