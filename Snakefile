@@ -67,6 +67,9 @@ os.environ.update(
 )
 
 
+include: "workflow/slurm/multinode.smk"  # rule multinode: one experiment across nodes (profiles/slurm)
+
+
 localrules:
     aggregate,
     project,
@@ -89,6 +92,8 @@ onsuccess:
     print(state_table(states))
     if Path(f"{RESULTS}/report/index.html").exists():
         print(f"report: {RESULTS}/report/index.html")
+    if multinode_outcome():
+        print(multinode_outcome())
     if failed_count(states) and not ALLOW_FAILED:
         print(f"error: {failed_count(states)} cell(s) failed (--config allow_failed=true exits 0)")
         sys.exit(1)
