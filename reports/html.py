@@ -102,7 +102,7 @@ def _ratio(row: pd.Series, r: str) -> str:
     if f"{r}_verdict" not in row:
         return f"x{row[r]:.2f} vs sync"
     return stats.ratio_text(row[r], _known(row.get(f"{r}_low")), _known(row.get(f"{r}_high")),
-                            _known(row.get(f"{r}_verdict")))
+                            _known(row.get(f"{r}_verdict")), _known(row.get(f"{r}_level")))
 
 
 def badge(state: Any, inner: str | None = None) -> Markup:

@@ -106,10 +106,7 @@ def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
         interval_rule=INTERVAL_RULE))
 
 
-INTERVAL_RULE = (f"Under each median: n, the runs it is the median of, and its 95% interval (exact, from order "
-                 f"statistics; with fewer than {stats.MIN_N} runs there is none and the runs' range is shown). "
-                 f"Under a ratio to sync: its 95% interval; a strategy is called lower or higher than sync only "
-                 f"where the two medians' intervals do not overlap, otherwise \"{stats.NO_DIFFERENCE}\" (Methods).")
+INTERVAL_RULE = stats.INTERVAL_RULE  # the interval rule in words, kept beside its code
 
 
 def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, Any], out: Path) -> str:

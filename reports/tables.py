@@ -1,11 +1,12 @@
 """The report's tables as DataFrames (also written as CSV): headline per strategy and per fault, inventory, environment.
 
 Every number is a median over runs in state ``ok`` (see ``reports.methods.AGGREGATION``), with ``<m>_n`` (the runs it
-is the median of), ``<m>_low`` / ``<m>_high`` (its 95% interval, or the runs' range where ``<m>_exact`` is False:
-too few runs for an interval; ``reports.stats``); ``*_vs_sync`` columns divide by the ``sync`` strategy's value in
-the same column (and fault), with ``*_vs_sync_low`` / ``_high`` (the ratio's 95% interval) and ``*_vs_sync_verdict``
-("lower" / "higher" only where the intervals separate, else "no measurable difference" or why there is no interval);
-empty for sync itself and when there is no sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
+is the median of), ``<m>_low`` / ``<m>_high`` (its interval) and ``<m>_level`` (the interval's confidence level:
+0.95 where ``<m>_exact``, i.e. n >= 6; else the runs' range at its exact level, 0.75 at n=3; ``reports.stats``);
+``*_vs_sync`` columns divide by the ``sync`` strategy's value in the same column (and fault), with
+``*_vs_sync_low`` / ``_high`` / ``_level`` (the ratio's interval and its stated level) and ``*_vs_sync_verdict``
+("lower" / "higher" only where the 95% intervals separate, else "no measurable difference", or "n too small for a
+95% interval"); empty for sync itself and when there is no sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
 ``note`` says "not measured" and why (not run, failed, error).
 """
 
@@ -83,7 +84,7 @@ def not_measured(rows: pd.DataFrame) -> str:
     return f"not measured ({' / '.join(dict.fromkeys(REASONS.get(s, str(s)) for s in states)) or NOT_RUN})"
 
 
-INTERVAL_PARTS = ("n", "low", "high", "exact")
+INTERVAL_PARTS = ("n", "low", "high", "exact", "level")
 
 
 def interval_columns(metrics: list[str]) -> list[str]:
@@ -92,22 +93,23 @@ def interval_columns(metrics: list[str]) -> list[str]:
 
 
 def medians(samples: dict[str, pd.Series]) -> dict[str, Any]:
-    """Each sample's median, its n and its 95% interval (or range), as the table's columns."""
+    """Each sample's median, its n and its interval with the interval's level, as the table's columns."""
     out: dict[str, Any] = {}
     for name, values in samples.items():
         est = stats.median_interval(values)
         out.update({name: est.median, f"{name}_n": est.n, f"{name}_low": est.low, f"{name}_high": est.high,
-                    f"{name}_exact": est.exact})
+                    f"{name}_exact": est.exact, f"{name}_level": est.level})
     return out
 
 
 def with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str],
                  samples: list[dict[str, pd.Series]] | None = None) -> pd.DataFrame:
     """Add ``<metric>_vs_sync`` for each metric: the row's value over the sync row with the same ``keys``; with
-    ``samples`` (each row's runs per metric, in the table's order), also the ratio's interval and the verdict."""
+    ``samples`` (each row's runs per metric, in the table's order), also the ratio's interval, its level and the
+    verdict."""
     is_base = table["strategy"] == BASELINE
     for m in metrics:
-        ratios, lows, highs, verdicts = [], [], [], []
+        ratios, lows, highs, levels, verdicts = [], [], [], [], []
         for i, row in table.iterrows():
             same = is_base.copy()
             for k in keys:
@@ -117,14 +119,15 @@ def with_ratios(table: pd.DataFrame, keys: list[str], metrics: list[str],
             both = row["strategy"] != BASELINE and pd.notna(row[m]) and ref is not None and pd.notna(ref)
             usable = both and ref
             ratios.append(row[m] / ref if usable else None)  # the baseline's own ratio (1) is left empty
-            ends = stats.ratio_interval(samples[i][m], samples[j][m]) if usable and samples else None
-            lows.append(ends[0] if ends else None)
-            highs.append(ends[1] if ends else None)
+            ends = stats.ratio_estimate(samples[i][m], samples[j][m]) if usable and samples else None
+            lows.append(ends.low if ends else None)
+            highs.append(ends.high if ends else None)
+            levels.append(ends.level if ends else None)
             verdicts.append(stats.difference(stats.median_interval(samples[i][m]), stats.median_interval(
                 samples[j][m])) if both and samples else None)
         table[f"{m}_vs_sync"] = ratios
         if samples is not None:
-            table[f"{m}_vs_sync_low"], table[f"{m}_vs_sync_high"] = lows, highs
+            table[f"{m}_vs_sync_low"], table[f"{m}_vs_sync_high"], table[f"{m}_vs_sync_level"] = lows, highs, levels
             table[f"{m}_vs_sync_verdict"] = verdicts
     return table
 
