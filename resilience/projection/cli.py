@@ -120,8 +120,10 @@ def run(cfg: Mapping[str, Any], default_out_dir: Path | None = None, cwd: Path |
     cluster_mc = cluster_monte_carlo(scn, settings, marker_sizes)
     if len(cluster_mc):
         tables["projection_cluster_monte_carlo.csv"] = cluster_mc
-    if measured:  # the per-shard line the strategy fit used for sharded runs, with its inputs (report, docs)
-        tables["projection_per_shard.csv"] = per_shard_fit(read_measured(measured))
+    fit = per_shard_fit(read_measured(measured)) if measured else None
+    if fit is not None and len(fit):  # the per-shard line the strategy fit used for sharded runs, with its inputs
+        fit.insert(0, "label", sweeps.LABEL)
+        tables["projection_per_shard.csv"] = fit
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [write_csv(frame, out_dir / name) for name, frame in tables.items()]
     where = f"{scn.name}, {scn.gpus:,} GPUs, {scn.ckpt_bytes / sweeps.TB:.2f} TB checkpoint"
