@@ -40,7 +40,7 @@ class FullyShardedParallel(Parallelism):
                              f"which FSDP's reduce-scatter cannot shard; use parallel=ddp")
         if strategy.saves and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} does not save sharded state; use "
-                             f"strategy=sync or strategy=dcp_async (executor=thread)")
+                             f"strategy=sync, async, inmemory or dcp_async (executor=thread)")
         if strategy.recovers_in_place and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} recovers in place with whole-model state "
                              f"(strategy=replica moves shards with while_replacing=wait); use parallel=ddp")
