@@ -26,6 +26,7 @@ on ``dlrm_emb`` (1.1 GB of tables and Adagrad sums, ~3,600 rows touched per step
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import torch
@@ -152,7 +153,9 @@ class ReplicaFingerprint(Detector):
         position = step + 1
         if position % self.every:
             return []
+        t0 = time.perf_counter()
         mine = self.fingerprint(position)
+        t1 = time.perf_counter()
         if not self._stated:
             self._stated = True
             checks = self.coverage_checks()
@@ -162,6 +165,10 @@ class ReplicaFingerprint(Detector):
         gathered = [torch.empty_like(mine) for _ in range(self.rt.world_size)]
         dist.all_gather(gathered, mine)
         prints = [tuple(g.tolist()) for g in gathered]
+        # The check's own cost, in the run it slows: its share of the step period is the detector's overhead,
+        # measured where host load tilts both alike (python -m resilience.bench.speed reads it).
+        self.rt.events.emit("fingerprint_check", step=position, compute_s=t1 - t0,
+                            gather_s=time.perf_counter() - t1)
         if len(set(prints)) == 1:
             if self.first_mismatch is None:
                 self._last_good = position
