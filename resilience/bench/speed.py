@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer, smaller runs per row (indicative verdicts)")
     ap.add_argument("--only", nargs="+", choices=list(SECTIONS), help="measure these rows only")
     ap.add_argument("--out", type=Path, default=None, help="where the runs go (default results/speed/<time>)")
-    ap.add_argument("--results", type=Path, default=Path("results"), help="the pipeline's results, for the matrix row")
+    ap.add_argument("--results", type=Path, default=Path("results/default"), help="the pipeline's results, for the matrix row")
     args = ap.parse_args(argv)
     out = args.out or Path("results/speed") / time.strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
