@@ -35,8 +35,8 @@ def world_sizes(events: list[dict], launch: dict | None) -> dict[str, Any]:
 
 def _grow_time(events: list[dict]) -> dict[str, float] | None:
     """From the node's return to the full world's first step: waiting for the checkpoint boundary (the return to
-    the commit), stopping the small world, starting the rank processes, their set-up (process group, model), the
-    resharded load (critical path), the first step."""
+    the commit), the supervisor noticing the commit, stopping the small world and starting every rank process,
+    their set-up (process group, model), the resharded load (critical path), the first step."""
     up = next((e for e in events if e["kind"] == "world_resized" and e.get("direction") == "up"), None)
     fault = first(events, "fault_injected")
     if up is None or fault is None or fault.get("return_after_s") is None:
@@ -52,6 +52,6 @@ def _grow_time(events: list[dict]) -> dict[str, float] | None:
         return None
     # the load's critical path, as for a recovery (metrics._load_critical_path): a rank that starts early waits
     load_start, loaded = max(e["t_mono"] - e["duration_s"] for e in loads), max(e["t_mono"] for e in loads)
-    return {"boundary_wait": commit["t_mono"] - returned, "stop": up["t_mono"] - commit["t_mono"],
+    return {"boundary_wait": commit["t_mono"] - returned, "notice": up["t_mono"] - commit["t_mono"],
             "restart": started - up["t_mono"], "set_up": load_start - started, "load": loaded - load_start,
             "first_step": step["t_mono"] - loaded, "total": step["t_mono"] - returned}
