@@ -1,7 +1,9 @@
 """The report's measured figures, each returned with the data it draws (written as CSV beside the report).
 
 Every function takes the summary table and returns ``(Figure, DataFrame)``; with nothing to draw, the figure says
-so rather than being missing (the report and ``snakemake --report`` expect every file).
+so rather than being missing (the report and ``snakemake --report`` expect every file). Every median drawn carries
+its n and its interval with the interval's level (``reports.stats``: 95% from 6 runs, the runs' range at its own
+level below), in the figure and in its CSV (``<m>_n``, ``_low``, ``_high``, ``_level``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def empty(title: str, reason: str) -> Figure:
 
 def interval_bars(ax, table: pd.DataFrame, measures: list[str], labels: list[str]) -> None:
     """Horizontal bars, one group per row of ``table`` and one bar per measure: the median, and as error bar its
-    95% interval or the runs' range (``<m>_low`` / ``<m>_high``, from ``reports.tables.medians``)."""
+    interval (``<m>_low`` / ``<m>_high`` at ``<m>_level``, from ``reports.tables.medians``)."""
     y = np.arange(len(table))[::-1]
     height = 0.8 / len(measures)
     for k, (m, color) in enumerate(zip(measures, sns.color_palette("colorblind", len(measures)))):
@@ -57,7 +59,7 @@ def interval_bars(ax, table: pd.DataFrame, measures: list[str], labels: list[str
 
 
 def median_ci(values: pd.Series) -> tuple[float, float]:
-    """Seaborn's ``errorbar``: the median's 95% interval, or the runs' range where n < 6 (reports.stats)."""
+    """Seaborn's ``errorbar``: the median's interval (95% from 6 runs, else the runs' range at its level)."""
     est = stats.median_interval(values)
     return (est.low, est.high) if est.n else (np.nan, np.nan)
 
@@ -73,11 +75,11 @@ def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
             if mine.empty:
                 continue
             row = {"strategy": strategy, "fault": fault, "runs": len(mine)}
-            row.update({p: col(mine, f"recovery_breakdown_s.{p}").fillna(0).median() for p in PHASES})
+            row.update(medians({p: col(mine, f"recovery_breakdown_s.{p}").fillna(0) for p in PHASES}))
             row.update(medians({"recovery_time_s": col(mine, "recovery_time_s")}))
             rows.append(row)
     data = pd.DataFrame(rows, columns=["strategy", "fault", "runs", *PHASES, "recovery_time_s",
-                                       *interval_columns(["recovery_time_s"])])
+                                       *interval_columns(["recovery_time_s", *PHASES])])
     if data.empty:
         return empty("Recovery time breakdown", "no recovered run"), data
     fig, ax = plt.subplots(figsize=(9, 0.75 * len(data) + 1.6))
@@ -94,13 +96,24 @@ def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         spread = stats.interval_text(r.recovery_time_s_n, low, high, r.recovery_time_s_exact)
         ax.text(high, yi, f"  {r.recovery_time_s:.2f} s ({spread})", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=9)
-    ax.set_xlabel("seconds from fault injection until training is back at the fault's step (median; bar: 95% CI "
-                  "of the total, or the runs' range where n < 6)")
+    ax.set_xlabel("seconds from fault injection until training is back at the fault's step (median of n runs; "
+                  "bar: the total's CI at the level shown,\n95% from 6 runs, else the runs' range; each phase's n "
+                  "and interval in recovery_breakdown.csv)")
     ax.set_xlim(0, float(data["recovery_time_s_high"].max()) * 1.6)
     ax.legend(ncols=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     ax.set_title("Recovery time breakdown by strategy and fault", pad=28)
     fig.tight_layout()
     return fig, data
+
+
+def n_label(name: str, sizes, per: str = "point") -> str:
+    """A legend or axis entry: the runs behind each of its medians (``sizes``, one per point or bar) and the
+    level of their intervals: "sync (n=3 per point, 75% CI)"; a range where they differ."""
+    ns = sorted(set(int(n) for n in sizes)) or [0]
+    levels = sorted({stats.interval_level(n, n >= stats.MIN_N) or 0 for n in ns})
+    n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    ci = "/".join(stats.level_text(lv) for lv in levels if lv) or "no"
+    return f"{name} (n={n} per {per}, {ci} CI)"
 
 
 def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
@@ -118,16 +131,18 @@ def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     long = data.melt(id_vars=["strategy", "checkpoint_every"], value_vars=["ckpt_stall_s", "ckpt_durable_s"],
                      var_name="measure", value_name="seconds")
     long["measure"] = long["measure"].map({"ckpt_stall_s": "stall", "ckpt_durable_s": "until durable"})
-    runs = data["strategy"].value_counts()
-    data["runs"] = data["strategy"].map(lambda s: f"{s} (n={runs[s]})")  # every point's n is in its legend entry
-    hue_order = [f"{s} (n={runs[s]})" for s in order(data, "strategy")]
+    label = {s: n_label(s, data[data["strategy"] == s].groupby("checkpoint_every").size())
+             for s in order(data, "strategy")}
+    data["runs"] = data["strategy"].map(label)  # every point's n and interval level is in its legend entry
+    hue_order = list(label.values())
     long = long.assign(strategy=long["strategy"].map(dict(zip(data["strategy"], data["runs"]))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     sns.lineplot(long, x="checkpoint_every", y="seconds", hue="strategy", style="measure", hue_order=hue_order,
                  estimator="median", errorbar=median_ci, markers=True, ax=a)
     sns.scatterplot(data, x="checkpoint_every", y="ckpt_stall_s", hue="runs", hue_order=hue_order, alpha=0.35,
                     legend=False, ax=a)
-    a.set(xlabel="checkpoint interval (steps)", ylabel="seconds per checkpoint\n(median, 95% CI or range; dots: runs)",
+    a.set(xlabel="checkpoint interval (steps)", ylabel="seconds per checkpoint\n(median and CI as in the legend; "
+                                                        "dots: runs)",
           title="Cost of one checkpoint", ylim=(0, None))
     sns.lineplot(data, x="checkpoint_every", y="overhead_pct", hue="runs", hue_order=hue_order,
                  estimator="median", errorbar=median_ci, marker="o", ax=b)
@@ -138,6 +153,19 @@ def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=9, title_fontsize=9)
     fig.tight_layout()
     return fig, data
+
+
+def cell_note(r) -> str:
+    """A heatmap cell: coverage of n runs with its 95% interval; the median latency of the detected runs with
+    their n and interval."""
+    if r is None or not r.runs:
+        return "not armed"
+    text = f"{r.coverage:.0%} of {r.runs} (95% CI {r.coverage_low:.0%}-{r.coverage_high:.0%})"
+    if not r.latency_s_n:
+        return text
+    spread = "n=1, no interval" if r.latency_s_n == 1 else stats.interval_text(
+        r.latency_s_n, r.latency_s_low * 1000, r.latency_s_high * 1000, r.latency_s_exact, r.latency_s_level) + " ms"
+    return f"{text}\n{r.latency_s * 1000:.0f} ms ({spread})"
 
 
 def detection(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
@@ -152,26 +180,27 @@ def detection(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         for det in detectors:
             armed = mine[mine["cell.detectors"].str.split("+").apply(lambda ds, d=det: d in ds)]
             hits = armed[armed.get("detector", pd.Series(dtype=object)) == det]
+            share = stats.proportion_interval(len(hits), len(armed))
             rows.append({"fault": fault, "detector": det, "runs": len(armed), "detected": len(hits),
                          "coverage": len(hits) / len(armed) if len(armed) else np.nan,
-                         "latency_s_median": col(hits, "detection_latency_s").median() if len(hits) else np.nan})
-    data = pd.DataFrame(rows, columns=["fault", "detector", "runs", "detected", "coverage", "latency_s_median"])
+                         "coverage_low": share[0] if share else np.nan, "coverage_high": share[1] if share else np.nan,
+                         **medians({"latency_s": col(hits, "detection_latency_s")})})
+    data = pd.DataFrame(rows, columns=["fault", "detector", "runs", "detected", "coverage", "coverage_low",
+                                       "coverage_high", "latency_s", *interval_columns(["latency_s"])])
     if data.empty:
         return empty("Detection coverage", "no run with an injected fault"), data
     cov = data.pivot(index="fault", columns="detector", values="coverage").reindex(
         index=order(data, "fault"), columns=detectors)
-    notes = data.pivot(index="fault", columns="detector", values="latency_s_median").reindex_like(cov)
-    counts = data.pivot(index="fault", columns="detector", values="runs").reindex_like(cov)
+    cells = {(r.fault, r.detector): r for r in data.itertuples()}
     annot = cov.copy().astype(object)
     for f in cov.index:
         for d in cov.columns:
-            c, lat, n = cov.loc[f, d], notes.loc[f, d], counts.loc[f, d]
-            annot.loc[f, d] = "not armed" if not n else f"{c:.0%} of {n:.0f}" + (
-                f"\n{lat * 1000:.0f} ms" if pd.notna(lat) else "")
-    fig, ax = plt.subplots(figsize=(2.6 * len(detectors) + 4, 0.7 * len(cov) + 1.6))
+            annot.loc[f, d] = cell_note(cells.get((f, d)))
+    fig, ax = plt.subplots(figsize=(3.2 * len(detectors) + 4, 1.1 * len(cov) + 1.8))
     sns.heatmap(cov.astype(float), annot=annot.to_numpy(), fmt="", vmin=0, vmax=1, cmap="Greens", cbar_kws={
-        "label": "coverage"}, linewidths=1, linecolor="white", ax=ax)
+        "label": "coverage"}, linewidths=1, linecolor="white", annot_kws={"fontsize": 8}, ax=ax)
     ax.set_yticks(np.arange(len(cov)) + 0.5, [wrap_label(f, 40) for f in cov.index], rotation=0, fontsize=9)
-    ax.set(xlabel="detector", ylabel="fault", title="Detection coverage (and median detection latency)")
+    ax.set(xlabel="detector", ylabel="fault", title="Detection coverage (95% CI) and median detection latency "
+                                                     "(n runs, CI at the level shown)")
     fig.tight_layout()
     return fig, data

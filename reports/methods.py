@@ -77,19 +77,26 @@ DERIVED_METRICS: list[tuple[str, str]] = [
                            "that detector was the first to report the fault."),
     ("ratios to sync", "Each value divided by the sync strategy's value for the same column (and fault): below "
                        "1 is less time (or fewer steps) than sync, above 1 more."),
-    ("n and 95% interval", "Under every median: n, the runs it is the median of, and the exact distribution-free "
-                           "95% confidence interval of the median from order statistics, [x_(k), x_(n-k+1)] with "
-                           "the largest k for which 1 - 2 P(Binomial(n, 1/2) <= k-1) >= 0.95 (Conover, Practical "
-                           "Nonparametric Statistics, 3rd ed., 1999, section 3.2); e.g. ranks 2 and 9 of 10 runs, "
-                           "6 and 15 of 20. Below 6 runs no such interval exists: the table shows the runs' range "
-                           "and says \"n too small for an interval\". Repeats (the matrix's repeat axis) and "
-                           "seeds both count as runs (reports/stats.py)."),
-    ("ratio interval and difference", "A ratio to sync carries a 95% interval built from the two medians' exact "
-                                      "97.5% intervals, [low / sync high, high / sync low] (Bonferroni: both "
-                                      "cover together with probability >= 95%; needs 7 runs on each side). A "
-                                      "strategy is called lower or higher than sync only where the two medians' "
-                                      "95% intervals do not overlap; otherwise the table says \"no measurable "
-                                      "difference\" (a conservative test)."),
+    ("n and interval", "Under every median: n, the runs it is the median of, and an exact distribution-free "
+                       "confidence interval of the median from order statistics, with its level (Conover, Practical "
+                       "Nonparametric Statistics, 3rd ed., 1999, section 3.2). From 6 runs: the 95% interval "
+                       "[x_(k), x_(n-k+1)] with the largest k for which 1 - 2 P(Binomial(n, 1/2) <= k-1) >= 0.95 "
+                       "(ranks 1 and 6 of 6 runs, 2 and 9 of 10, 6 and 15 of 20). With 2 to 5 runs no rank reaches "
+                       "95%: the interval is the runs' range [x_(1), x_(n)], shown with its exact level 1 - 2/2^n "
+                       "(50% at n=2, 75% at n=3, 87.5% at n=4, 93.75% at n=5). One run has none. Repeats (the "
+                       "matrix's repeat axis) and seeds both count as runs (reports/stats.py)."),
+    ("ratio interval and difference", "A ratio to sync (or to the best library) carries an interval built from "
+                                      "the two medians' exact intervals, [low / sync high, high / sync low], at "
+                                      "the Bonferroni level 1 - (1 - ca) - (1 - cb) of the two sides' levels ca "
+                                      "and cb: 95% where the narrowest choice of ranks reaches it (7 runs on each "
+                                      "side, or fewer on one against more on the other), else the runs' ranges at "
+                                      "their combined level, which is stated (3 runs against 3: 50%). A strategy "
+                                      "is called lower or higher than sync only where the two medians' 95% "
+                                      "intervals do not overlap; where both exist and overlap the table says \"no "
+                                      "measurable difference\" (a conservative test), and where a side has fewer "
+                                      "than 6 runs \"n too small for a 95% interval\"."),
+    ("coverage interval", "A detector's coverage (k of n runs) carries the exact Clopper-Pearson 95% interval "
+                          "(Clopper and Pearson, Biometrika 26(4), 1934)."),
     ("state (pipeline)", "ok or unrecovered: the harness worked (exit 0); failed: harness failure (exit 1), a "
                          "crash or the time limit; invalid: the configuration was rejected (exit 2)."),
 ]

@@ -3,8 +3,9 @@ would adopt instead, on the same faults and the same bit-exact check.
 
 One row per (workload, strategy): the library and version (``-`` for ours), the workarounds applied to it, the
 median stall, time to durable, load time and recovery time and lost steps over its runs, the host memory its
-fault-free runs used (peak PSS of the run's processes, ``resilience.record.memory``), whether every run ended
-bit-exact, and ratios to ``sync`` and to the best library of the family on the same workload. The note under the
+fault-free runs used (peak PSS of the run's processes, ``resilience.record.memory``), each with its n and interval
+(``reports.stats``), whether every run ended bit-exact, and ratios to ``sync`` and to the best library of the family
+on the same workload, each with its interval and that interval's level. The note under the
 figure lists the findings: a library run that is not bit-exact, that failed, or that left processes behind, each
 with the command that reproduces it.
 """
@@ -19,6 +20,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from reports import stats
 from reports.figures import interval_bars
 from reports.tables import bit_exact, col, finished, medians, noisy, order, with_ratios
 from resilience.named import base_option
@@ -76,14 +78,21 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
         # Peak PSS of the run's processes (ranks, supervisor, the library's helpers), fault-free runs only: a
         # recovery's second set of processes is not what a strategy costs.
         free = group[group.get("cell.fault", pd.Series("none", index=group.index)).astype(str) == "none"]
-        row["host_MB"] = col(free if len(free) else group, "host_memory_peak_bytes").median() / 1e6
+        row.update(medians({"host_MB": col(free if len(free) else group, "host_memory_peak_bytes") / 1e6}))
         rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
     table = with_ratios(table, ["workload"], list(TIMED), samples)  # the ratio's interval and verdict
     for measure in TIMED:
-        table[f"{measure}_vs_best_library"] = table.apply(lambda r: _ratio(table, r, measure), axis=1)
+        best = [_best_library(table, i, measure) for i in table.index]
+        ests = [stats.ratio_estimate(samples[i][measure], samples[j][measure]) if j is not None else None
+                for i, j in zip(table.index, best)]
+        name = f"{measure}_vs_best_library"
+        table[name] = [table.at[i, measure] / table.at[j, measure] if j is not None else float("nan")
+                       for i, j in zip(table.index, best)]
+        for part in ("low", "high", "level"):  # the ratio's interval and its stated level (reports.stats)
+            table[f"{name}_{part}"] = [getattr(e, part) if e else None for e in ests]
     return table
 
 
@@ -102,7 +111,8 @@ def peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         mine = table[table["workload"] == workload].reset_index(drop=True)
         interval_bars(ax, mine, list(TIMED), [f"{s}  (n={_runs(r)})" for s, r in zip(mine["strategy"],
                                                                                    mine.itertuples())])
-        ax.set(title=workload, xlabel="seconds (median over runs; bars: 95% CI, or the runs' range where n < 6)")
+        ax.set(title=workload, xlabel="seconds (median over n runs; bars: its CI, 95% from 6 runs,\nelse the "
+                                      "runs' range at its own level: 75% at n=3; levels in peers.csv)")
         ax.set_xscale("symlog", linthresh=0.01)
     fig.tight_layout()
     return fig, table
@@ -151,9 +161,11 @@ def _patches(group: pd.DataFrame) -> str:
     return ", ".join(sorted(names))
 
 
-def _ratio(table: pd.DataFrame, row: pd.Series, measure: str) -> float:
-    """``row``'s measure over the best library's of its family, on its workload."""
-    same = table[table["workload"] == row["workload"]]
-    base = same.loc[(same["family"] == row["family"]) & (same["library"] != "-"), measure]
-    best = base.min() if len(base) else float("nan")
-    return row[measure] / best if best and best == best and best > 0 else float("nan")
+def _best_library(table: pd.DataFrame, i: int, measure: str) -> int | None:
+    """The row of the best (lowest positive median) library of row ``i``'s family on its workload, or None."""
+    row = table.loc[i]
+    same = table[(table["workload"] == row["workload"]) & (table["family"] == row["family"])
+                 & (table["library"] != "-")]
+    base = pd.to_numeric(same[measure], errors="coerce")
+    base = base[base > 0]
+    return None if base.empty or pd.isna(row[measure]) else base.idxmin()

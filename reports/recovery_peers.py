@@ -17,7 +17,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from reports.figures import median_ci
+from reports.figures import median_ci, n_label
 from reports.tables import col, finished, medians, noisy, order
 
 STRATEGIES = ("sync", "replica", "replica_torchft")
@@ -57,21 +57,21 @@ def recovery_peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (way, fault), group in runs.groupby(["way", "cell.fault_label"], sort=False):
         ref_loss = pd.Series([loss.get(r, float("nan")) for r in group.get("reference_cell", [])], dtype=float)
-        delta = (col(group, "final_loss").reset_index(drop=True) - ref_loss).median()
+        delta = col(group, "final_loss").reset_index(drop=True) - ref_loss
         timed = group[~noisy(group)]  # a busy host's timings stay out; its verdicts count
         out.append({
             "way": way, "fault": fault, "n": len(group),
             "detected_by": ", ".join(sorted({str(d) for d in group.get("detector", pd.Series()).dropna()})) or "-",
             **medians({"detection_s": col(timed, "detection_latency_s"),  # each with its n and interval
-                       "recovery_s": col(timed, "recovery_time_s")}),
-            "restart_s": col(timed, "recovery_breakdown_s.restart").median(),
-            "load_or_heal_s": col(timed, "recovery_load_s").median(),
-            "replay_s": col(timed, "recovery_breakdown_s.replay").median(),
+                       "recovery_s": col(timed, "recovery_time_s"),
+                       "restart_s": col(timed, "recovery_breakdown_s.restart"),
+                       "load_or_heal_s": col(timed, "recovery_load_s"),
+                       "replay_s": col(timed, "recovery_breakdown_s.replay"),
+                       "lost_steps": col(group, "lost_steps"),
+                       "reduced_width_steps": col(group, "reduced_width_steps").fillna(0),
+                       "final_loss_delta": delta}),
             "survivors_restarted": _yes_no(group.get("survivors_restarted")),
             "restarted_by": _counts(group.get("inprocess.recovered_by")),
-            "lost_steps": col(group, "lost_steps").median(),
-            "reduced_width_steps": col(group, "reduced_width_steps").fillna(0).median(),
-            "final_loss_delta": delta,
             "verdict": _verdict(group), "noisy_runs": int(noisy(group).sum()),
         })
     return pd.DataFrame(out)
@@ -87,14 +87,15 @@ def recovery_peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         return fig, table
     runs = rows_of(frame)
     runs = runs[~noisy(runs)].assign(recovery_s=col(runs, "recovery_time_s"))
-    counts = runs.groupby("way")["recovery_s"].count()
-    runs = runs.assign(way=runs["way"].map(lambda w: f"{w} (n={counts.get(w, 0)})"))
+    counts = runs.groupby(["way", "cell.fault_label"], sort=False)["recovery_s"].count()
+    runs = runs.assign(way=runs["way"].map(lambda w: n_label(w, counts.get(w, pd.Series([0])), "bar")))
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(table) + 1.5))
     if len(runs):
         sns.barplot(runs, y="way", x="recovery_s", hue="cell.fault_label", estimator="median", errorbar=median_ci,
                     capsize=0.2, ax=ax, order=order(runs, "way"))
     ax.set(xlabel="recovery time, fault to training again (s, median; noisy runs left out)\n"
-                  "bar: the median's 95% CI, or the runs' range where n < 6", ylabel="")
+                  "bar: the median's CI, 95% from 6 runs, else the runs' range at its own level (75% at n=3)",
+           ylabel="")
     if ax.get_legend():
         ax.get_legend().set_title("fault")
     fig.tight_layout()

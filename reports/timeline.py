@@ -125,7 +125,7 @@ def timeline(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, sum(heights) + 1.2), height_ratios=heights, squeeze=False,
                              sharex=True)
     for ax, (strategy, cell) in zip(axes[:, 0], runs):
-        _draw(ax, data[data["cell"] == cell], f"{strategy}: {cell}")
+        _draw(ax, data[data["cell"] == cell], f"{strategy}: {cell} (one run, n=1)")
     axes[-1, 0].set_xlabel("seconds since launch")
     handles = [Patch(color=c, label=k) for k, c in COLORS.items()] + [
         Line2D([], [], marker=m, color=c, linestyle="", markersize=9, label=k) for k, (m, c) in MARKS.items()]
