@@ -7,17 +7,17 @@ into that line (exit status 2, no traceback).
 from __future__ import annotations
 
 import os
+import runpy
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from resilience.checks import require_int
 from resilience.schema import check_ranges, explain
-from resilience.roles import build_roles
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("workload", "strategy", "fault", "recovery", "detector", "parallel")
@@ -128,8 +128,8 @@ def on_this_node(cfg: DictConfig, local_ranks: int) -> DictConfig:
     rank resolves it on its own node at start (a CPU login node must not decide for GPU nodes)."""
     device, backend, threads = cfg.device, cfg.backend, cfg.threads_per_rank
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if cuda_available() else "cpu"
+    if device == "cuda" and not cuda_available():
         raise ConfigError("device=cuda: no CUDA device is available here; use device=cpu or device=auto")
     if backend == "auto":
         backend = "nccl" if device == "cuda" else "gloo"
@@ -140,6 +140,21 @@ def on_this_node(cfg: DictConfig, local_ranks: int) -> DictConfig:
     with open_dict(cfg):
         cfg.device, cfg.backend, cfg.threads_per_rank = device, backend, threads
     return cfg
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, without importing torch (~0.7 s) where the answer is known from the installed
+    build: a torch built without CUDA or ROCm (``torch/version.py`` says ``cuda = None``, ``hip = None``) has no
+    CUDA device, whatever the machine holds. A CUDA build asks torch itself (drivers, visible devices)."""
+    spec = find_spec("torch")
+    version = Path(spec.origin).parent / "version.py" if spec and spec.origin else None
+    if version is not None and version.is_file():
+        build = runpy.run_path(str(version))  # plain assignments, no torch import
+        if build.get("cuda") is None and build.get("hip") is None:
+            return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def auto_fault_step(cfg: DictConfig) -> int:
@@ -174,6 +189,8 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
         _integer(cfg, "threads_per_rank", 1)
     _check_local_ranks(cfg, world)
     _check_checkpoint_dir(Path(cfg.checkpoint.dir))
+    from resilience.roles import build_roles  # the roles' modules import torch: not for --help or a bad choice
+
     roles = build_roles(cfg)  # every role validates its own settings where it is built
     roles.strategy.check_host(roles.workload, int(cfg.world_size))
     return cfg
