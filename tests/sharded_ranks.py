@@ -128,4 +128,32 @@ def snapshot_rank(rank: int, world: int, store: str, tmp: str) -> None:
         buf[ref.offset:ref.offset + ref.nbytes]), into)
     restore(fresh, restored)
     assert state_sha256(fresh.full_state_dict()) == state_sha256(state.full_state_dict())
+    _load_planned_files_only(state, tmp)
     dist.destroy_process_group()
+
+
+def _load_planned_files_only(state, tmp: str) -> None:
+    """``sync``'s load of a sharded checkpoint verifies and serves only the files its plan names: DCP loads the
+    saved state from those alone (``MemoryFiles`` has no other file to give it)."""
+    import torch.distributed.checkpoint as dcp
+    from types import SimpleNamespace
+
+    from resilience.ckpt.verified import MemoryFiles
+    from resilience.state import state_sha256
+    from resilience.strategies.sync import SyncCheckpoint
+
+    root = Path(tmp) / "ckpt"
+    dcp.save(state.state_dict(), checkpoint_id=str(root))
+    dist.barrier()
+    buffers = {".metadata": memoryview((root / ".metadata").read_bytes())}
+    fresh = _sharded_state(dist.get_world_size(), tmp, steps=0)
+    sd = fresh.state_dict()
+    planned = SyncCheckpoint._planned_files(SimpleNamespace(path=root), buffers, sd)
+    assert planned and planned <= {p.name for p in root.glob("*.distcp")}
+    buffers.update({name: memoryview((root / name).read_bytes()) for name in planned})
+    reader = dcp.FileSystemReader(str(root))
+    reader.fs = MemoryFiles(root, buffers)
+    dcp.load(sd, storage_reader=reader)
+    fresh.load_state_dict(sd)
+    assert state_sha256(fresh.full_state_dict()) == state_sha256(state.full_state_dict())
+

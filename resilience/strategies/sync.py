@@ -17,10 +17,17 @@ from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.checksum import ChecksumFileSystem
 from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
+from resilience.ckpt.snapshot import flat_tensors, is_sharded
 from resilience.ckpt.verified import CorruptFile, MemoryFiles, read_verified
 
 
+DATA_SUFFIX = ".distcp"  # DCP's data files; the others (its .metadata) are small and every rank reads them
 WRITE_THREADS = 2  # files per rank, written at once: this host's disk took 2-3x more with 2-4 streams than with 1
+
+
+def is_sharded_state(sd: dict) -> bool:
+    """Whether a state dict holds ``DTensor`` shards (``parallel=fsdp|hsdp``)."""
+    return any(is_sharded(t) for t, _ in flat_tensors(sd).values())
 
 
 class HookedWriter(FileSystemWriter):
@@ -95,11 +102,12 @@ class SyncCheckpoint(CheckpointStrategy):
         return next(e for e in self.dirs.entries() if e.step == choice[0] and e.committed)
 
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
-        """The newest checkpoint whose every file passes its CRC32 on every rank, read once (``verified``)."""
+        """The newest checkpoint whose every file that a rank reads passes its CRC32 on that rank, read once
+        (``verified``)."""
         while (entry := self.agreed_entry(checksums=False)) is not None:
-            buffers = self._read_verified(entry)
+            sd = state.state_dict()
+            buffers = self._read_verified(entry, sd)
             if buffers is not None:
-                sd = state.state_dict()
                 reader = FileSystemReader(entry.path)
                 reader.fs = MemoryFiles(entry.path, buffers)
                 dcp.load(sd, storage_reader=reader)
@@ -107,29 +115,54 @@ class SyncCheckpoint(CheckpointStrategy):
                 return entry.step, "disk", self.dirs.size(entry)
         return None
 
-    def _read_verified(self, entry: CheckpointEntry) -> dict[str, memoryview] | None:
-        """Every file of ``entry`` in memory, checked against its CRC32, or None when any rank found one bad (rank 0
-        then records the rejection and the next ``agreed_entry`` passes over it). No rank fails alone: all
-        decide together, before any tensor is touched."""
+    def _read_verified(self, entry: CheckpointEntry, sd: dict) -> dict[str, memoryview] | None:
+        """The files of ``entry`` that loading ``sd`` reads, in memory, each checked against its CRC32, or None
+        when any rank found one bad (rank 0 then records the rejection and the next ``agreed_entry`` passes over
+        it). No rank fails alone: all decide together, before any tensor is touched.
+
+        Replicas (DDP) read every file. A sharded rank (FSDP) reads only the files holding pieces of its shards:
+        DCP's metadata first, then the files its load plan names (``_planned_files``); DCP cannot open any
+        other file of ``MemoryFiles``, so a wrong plan fails loudly instead of reading unverified bytes."""
         record = self.dirs.manifest(entry) if self.rt.rank == 0 else None
         shared = [record]
         dist.broadcast_object_list(shared, src=0)  # what rank 0 checked is what every rank verifies
         record = shared[0]
         buffers, reason = {}, None
         fs = self.rt.ckpt_fs  # None: plain files, mapped
+        data = [n for n in record["files"] if n.endswith(DATA_SUFFIX)]
+
+        def verify(names) -> None:
+            for name in names:
+                buffers[name] = read_verified(fs, entry.path / name, record["files"][name], record["crc32"][name])
+
         try:
-            for name, size in record["files"].items():
-                buffers[name] = read_verified(fs, entry.path / name, size, record["crc32"][name])
+            verify(n for n in record["files"] if n not in data)
+            verify(self._planned_files(entry, buffers, sd) if data and is_sharded_state(sd) else data)
         except (OSError, KeyError) as exc:
             reason = str(exc) if isinstance(exc, CorruptFile) else f"{type(exc).__name__}: {exc}"[:300]
         reasons: list = [None] * self.rt.world_size
         dist.all_gather_object(reasons, reason)
         bad = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why]
         if not bad:
+            self.rt.events.emit("ckpt_read_verified", step=entry.step, files=len(buffers), of_files=len(record["files"]),
+                                bytes=sum(len(b) for b in buffers.values()))
             return buffers
         if self.rt.rank == 0:
             self._reject(entry, "; ".join(bad))
         return None
+
+    @staticmethod
+    def _planned_files(entry: CheckpointEntry, buffers: dict[str, memoryview], sd: dict) -> set[str]:
+        """The data files that hold what loading ``sd`` asks for: the plan of DCP's default load planner (the one
+        ``dcp.load`` then makes), over the metadata already verified in ``buffers``."""
+        from torch.distributed.checkpoint import DefaultLoadPlanner
+
+        reader = FileSystemReader(entry.path)
+        reader.fs = MemoryFiles(entry.path, buffers)
+        metadata = reader.read_metadata()
+        planner = DefaultLoadPlanner()
+        planner.set_up_planner(sd, metadata)
+        return {metadata.storage_data[item.storage_index].relative_path for item in planner.create_local_plan().items}
 
     def choose(self, checksums: bool = True) -> CheckpointEntry | None:
         """The newest committed checkpoint within the rollback bound that passes ``CheckpointDir.check`` (this
