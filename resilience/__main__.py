@@ -12,6 +12,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,12 +28,10 @@ from resilience.record.quick_exit import exit_now
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
 from resilience.record.result import summarize, write_result
-from resilience.roles import Roles, build_roles
-from resilience.supervise.elastic import ElasticSupervisor
-from resilience.supervise.replacing import ReplacingSupervisor
-from resilience.supervise.supervisor import Supervisor, say
-from resilience.supervise.ft_launcher import FtLauncherSupervisor
-from resilience.supervise.torchrun import TorchrunSupervisor
+
+if TYPE_CHECKING:
+    from resilience.roles import Roles
+    from resilience.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +57,11 @@ def main(cfg: DictConfig) -> None:
         _fail_config(exc)
     config_path = run_dir / "config.yaml"
     atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg).encode())
+    # Imported once the command is known to run: the roles and the supervisors import torch (--help, a bad
+    # override, a config error end without it).
+    from resilience.roles import build_roles
+    from resilience.supervise.observer import say
+
     roles = build_roles(cfg)
     if cfg.supervisor.launcher == "external":
         print(torchrun_command(cfg, config_path, recovery_budget=roles.policy.max_restarts))
@@ -146,6 +150,11 @@ def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervis
     """The supervisor the run's strategy needs: one that replaces only the failed ranks for a strategy that
     recovers in place, PyTorch's elastic agent (every rank restarted) for the others; the stock torchrun when
     ``supervisor.launcher=torchrun`` asks for the unobserved baseline."""
+    from resilience.supervise.elastic import ElasticSupervisor
+    from resilience.supervise.ft_launcher import FtLauncherSupervisor
+    from resilience.supervise.replacing import ReplacingSupervisor
+    from resilience.supervise.torchrun import TorchrunSupervisor
+
     if cfg.supervisor.launcher == "ft_launcher":  # NVRx's: torchrun's agent with its rank monitors
         return FtLauncherSupervisor(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
     if cfg.supervisor.launcher == "torchrun":
