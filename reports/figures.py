@@ -94,7 +94,7 @@ def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         ax.errorbar(r.recovery_time_s, yi, xerr=[[r.recovery_time_s - low], [high - r.recovery_time_s]], fmt="none",
                     ecolor="black", elinewidth=1, capsize=3)
         spread = stats.interval_text(r.recovery_time_s_n, low, high, r.recovery_time_s_exact)
-        ax.text(high, yi, f"  {r.recovery_time_s:.2f} s ({spread})", va="center", fontsize=8)
+        ax.text(high, yi, f"  {r.recovery_time_s:.2f} s, {spread}", va="center", fontsize=8)
     ax.set_yticks(y, labels, fontsize=9)
     ax.set_xlabel("seconds from fault injection until training is back at the fault's step (median of n runs; "
                   "bar: the total's CI at the level shown,\n95% from 6 runs, else the runs' range; each phase's n "

@@ -94,7 +94,12 @@ def test_report_renders_every_section_self_contained(summary, tmp_path):
         assert (tmp_path / "report" / f"{name}.csv").exists()
     breakdown = pd.read_csv(tmp_path / "report" / "recovery_breakdown.csv")  # every median with its n and interval
     assert breakdown["recovery_time_s_n"].min() >= 1 and breakdown["recovery_time_s_low"].notna().all()
+    assert breakdown["restart_n"].min() >= 1 and breakdown["restart_low"].notna().all()  # each phase too
     assert "n=" in pd.read_csv(tmp_path / "report" / "ckpt_overhead.csv")["runs"].iloc[0]
+    detection = pd.read_csv(tmp_path / "report" / "detection.csv")  # coverage and latency each with n and CI
+    hit = detection[detection["detected"] > 0]
+    assert len(hit) and (hit["latency_s_n"] == hit["detected"]).all() and hit["latency_s_level"].notna().all()
+    assert detection["coverage_low"].notna().all() and (detection["coverage_high"] <= 1).all()
 
 
 @pytest.mark.timeout(120)
