@@ -116,23 +116,39 @@ def breakdown(overrides: list[str], repeats: int = 3, root: Path | None = None,
               code: Path | None = None) -> dict[str, Any]:
     """The median of each figure over ``repeats`` cells, and the imports' profile (the quickest of ``repeats``);
     ``code``: the checkout whose ``resilience`` runs (another commit's worktree, for a before/after)."""
+    return breakdowns(overrides, {"this": code}, repeats, root)["this"]
+
+
+def breakdowns(overrides: list[str], codes: dict[str, Path | None], repeats: int = 3,
+               root: Path | None = None) -> dict[str, dict[str, Any]]:
+    """``breakdown`` of each checkout in ``codes`` (name: folder, None for this one), their cells interleaved
+    (each repeat runs one cell of every checkout, in an order that rotates) so that they share the host's load:
+    a before/after whose ratios mean something on a busy machine. The load is the whole run's, for all."""
     strategy = next((o.split("=", 1)[1] for o in overrides if o.startswith("strategy=")), "sync")
     host = HostLoadSampler(0.5).start()
+    got = {name: {"runs": [], "supervisor": [], "rank": []} for name in codes}
     with tempfile.TemporaryDirectory(prefix="rb-cell-", dir=root) as tmp:
         env = pipeline_env(Path(tmp))
-        runs, imports = [], {"supervisor": [], "rank": []}
-        for i in range(repeats):  # each cell beside its import profiles: the same moment's load
-            imports["supervisor"].append(import_profile(SUPERVISOR_IMPORTS.format(strategy=strategy), code))
-            imports["rank"].append(import_profile(RANK_IMPORTS.format(strategy=strategy), code))
-            runs.append(run_cell(overrides, Path(tmp) / f"cell{i}", code=code, env=env))
+        names = list(codes)
+        for i in range(repeats):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                code, mine = codes[name], got[name]  # each cell beside its import profiles: the same moment's load
+                mine["supervisor"].append(import_profile(SUPERVISOR_IMPORTS.format(strategy=strategy), code))
+                mine["rank"].append(import_profile(RANK_IMPORTS.format(strategy=strategy), code))
+                mine["runs"].append(run_cell(overrides, Path(tmp) / f"{name}-cell{i}", code=code, env=env))
     load = host.stop()
+    return {name: _summary(overrides, repeats, mine, load) for name, mine in got.items()}
+
+
+def _summary(overrides: list[str], repeats: int, got: dict[str, list], load: dict[str, Any]) -> dict[str, Any]:
+    runs = got["runs"]
     med = lambda get: statistics.median(get(r) for r in runs)  # noqa: E731
     return {
         "overrides": overrides, "repeats": repeats, "runs": runs,
         "phases": {p: med(lambda r, p=p: r["phases"][p]) for p in PHASES},
         "steps_s": med(lambda r: r["steps_s"]), "ckpt_stall_s": med(lambda r: r["ckpt_stall_s"]),
         "wall_s": med(lambda r: r["wall_s"]), "ratio": med(lambda r: r["ratio"]),
-        "imports": {who: min(got, key=lambda g: g["total_s"]) for who, got in imports.items()}, "load": load,
+        "imports": {who: min(got[who], key=lambda g: g["total_s"]) for who in ("supervisor", "rank")}, "load": load,
     }
 
 
@@ -167,14 +183,36 @@ def table(b: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Each phase's median before and after, and after / before: the ratios of one run, under one load."""
+    lines = [f"{'phase':<18}{'before s':>10}{'after s':>10}{'after/before':>14}"]
+    rows = [(p, before["phases"][p], after["phases"][p]) for p in PHASES]
+    rows += [("cell wall", before["wall_s"], after["wall_s"]),
+             ("supervisor imports", before["imports"]["supervisor"]["total_s"],
+              after["imports"]["supervisor"]["total_s"]),
+             ("rank imports", before["imports"]["rank"]["total_s"], after["imports"]["rank"]["total_s"])]
+    for name, b, a in rows:
+        lines.append(f"{name:<18}{b:>10.2f}{a:>10.2f}{a / b if b else float('nan'):>13.2f}x")
+    lines.append(f"cell wall / training: before {before['ratio']:.2f}x, after {after['ratio']:.2f}x (goal <= 2x)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.cell", description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="cells run; each figure is the median (default 3)")
     ap.add_argument("--code", type=Path, help="run the cells with the checkout in CODE (e.g. a git worktree of an "
                     "earlier commit: the figures before a change, beside this run's)")
+    ap.add_argument("--baseline", type=Path, help="also run the checkout in BASELINE (a git worktree of the commit "
+                    "before a change), its cells interleaved with this checkout's: before and after in one run")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the cell (default: the default experiment)")
     args = ap.parse_args(argv)
-    print(table(breakdown(args.overrides, args.repeats, code=args.code)))
+    if args.baseline is None:
+        print(table(breakdown(args.overrides, args.repeats, code=args.code)))
+        return
+    both = breakdowns(args.overrides, {"before": args.baseline, "after": args.code}, args.repeats)
+    for name, folder in (("before", args.baseline), ("after", args.code or Path.cwd())):
+        print(f"--- {name}: {folder}\n{table(both[name])}\n")
+    print(side_by_side(both["before"], both["after"]))
 
 
 if __name__ == "__main__":
