@@ -1,5 +1,6 @@
 """SLURM: the profile's settings, the conda environment, and the smoke matrix through profiles/slurm on a real
-single-node cluster (workflow/slurm/local_cluster.py: munge, MariaDB, slurmdbd, slurmctld, slurmd).
+cluster (workflow/slurm/local_cluster.py: munge, MariaDB, slurmdbd, slurmctld, and two slurmd on this machine),
+then one experiment across its two nodes with torchrun (the Snakefile's rule multinode).
 
 The cluster test takes minutes (four 2-rank cells one after another on a 2-core machine, each a batch job that
 starts its own Snakemake), so it runs only when selected: `pytest -m slurm`, or `make test-slurm`, which also
@@ -9,6 +10,7 @@ installs Debian's packages and the `slurm` extra. Without the packages it is ski
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -103,7 +105,7 @@ def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_p
     if not PLUGIN:
         pytest.skip("snakemake-executor-plugin-slurm is not installed: pip install -e '.[slurm]' (make test-slurm)")
     # Not tmp_path: pytest's is private to root, and munged and mariadbd run as their own users.
-    cluster = LocalSlurm(Path(tempfile.mkdtemp(prefix="rb-slurm-")))
+    cluster = LocalSlurm(Path(tempfile.mkdtemp(prefix="rb-slurm-")), nodes=2)
     results = tmp_path / "results"
     try:
         started = time.monotonic()
@@ -130,9 +132,38 @@ def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_p
         for rule in ("aggregate", "project", "report"):
             assert re.search(rf"^localrule {rule}:$", done.stdout, re.MULTILINE), done.stdout[-3000:]
         print(f"SLURM smoke: cluster up in {up_s:.0f} s, smoke matrix through profiles/slurm in {run_s:.0f} s")
+        reference = summary.loc[summary["is_reference"].astype(bool), "final_state_sha256"].unique()
+        multinode_across_two_nodes(cluster, results, reference, tmp_path)
     finally:
         left = cluster.down(timeout_s=60)
         shutil.copytree(cluster.root / "log", tmp_path / "slurm-logs", dirs_exist_ok=True)  # for a failure
         shutil.rmtree(cluster.root, ignore_errors=True)
     assert left == [], f"still running after the cluster stopped: {left}"
     assert processes_mentioning(str(cluster.root)) == [] and processes_mentioning(str(results)) == []
+
+
+# The smoke matrix's killed sync cell, as one experiment across two nodes (one rank each); the thread count of the
+# matrix's cells, since two "nodes" on one host would each resolve all its cores (README, Determinism).
+MULTINODE = ("strategy=sync fault=kill fault.rank=1 fault.at_step=7 fault.phase=before_forward steps=12 "
+             "checkpoint.every=4 detector=[process_exit] recovery=restart seed=0 threads_per_rank=1")
+
+
+def multinode_across_two_nodes(cluster: LocalSlurm, results: Path, reference, tmp_path: Path) -> None:
+    """rule multinode through profiles/slurm: one job of two nodes whose job step runs a task (torchrun) on each;
+    rank 1 is killed and the run recovers to the smoke reference's final state, bit for bit."""
+    started = time.monotonic()
+    done = snakemake_slurm("multinode", "--config", "matrix=smoke", f"results={results}", f"multinode={MULTINODE}",
+                           "nodes=2", "nproc_per_node=1", "--slurm-logdir", str(tmp_path / "slurm-jobs"),
+                           timeout=900)
+    assert done.returncode == 0, done.stdout[-6000:]
+    (result,) = (results / "multinode").glob("2x1-*/result.json")
+    r = json.loads(result.read_text())
+    assert r["status"] == "ok" and r["recovered"] and r["world_size"] == 2, r
+    assert len(reference) == 1 and r["final_state_sha256"] == reference[0]
+    job = re.search(r"has been submitted with SLURM jobid (\d+)", done.stdout).group(1)
+    steps = [line.split("|") for line in cluster.run("sacct", "-j", job, "-n", "--parsable2", "-o",
+                                                     "JobID,State,NNodes,NTasks,NodeList").stdout.split()]
+    assert [f"{job}.0", "COMPLETED", "2", "2", "rb[1-2]"] in steps, steps  # one task on each node
+    assert re.search(r"^multinode 2x1-\w+ \(2 node\(s\) x 1 rank\(s\)\): ok, recovered True", done.stdout,
+                     re.MULTILINE), done.stdout[-2000:]
+    print(f"SLURM multinode: one run across two nodes in {time.monotonic() - started:.0f} s")

@@ -1,6 +1,7 @@
-"""A real single-node SLURM cluster from Debian's packages, for the tests and for trying profiles/slurm by hand.
+"""A real SLURM cluster on this machine from Debian's packages, for the tests and for trying profiles/slurm by hand.
 
     python workflow/slurm/local_cluster.py up DIR     # start it; prints `export SLURM_CONF=DIR/slurm.conf`
+    python workflow/slurm/local_cluster.py up DIR 2   # two nodes on this machine (two slurmd, see below)
     python workflow/slurm/local_cluster.py down DIR   # stop everything it started; DIR keeps the logs
 
 Needs root and Debian's slurm-wlm (22.05), slurmdbd, munge and mariadb-server (`make test-slurm` installs them).
@@ -10,6 +11,10 @@ sockets, logs) and every port is a free one picked at start, so nothing in /etc 
 share a machine. Jobs find the configuration through SLURM_CONF, which sbatch passes into them (the executor
 plugin submits with --export=ALL); without it every job step fails with "Could not establish a configuration
 source".
+
+With more than one node, each node is a slurmd of its own on this machine (Debian's slurmd is built with
+multiple-slurmd support: a Port per NodeName, spool, pid and log files per node through %n), each with all of the
+machine's CPUs: a job of several nodes (rule `multinode`) then really runs one job step task per "node".
 
 Accounting is real (slurmdbd on MariaDB, AccountingStorageEnforce=associations): the executor plugin polls job
 states with `sacct`, and a job whose account SLURM does not know is refused, as on a production cluster.
@@ -33,7 +38,7 @@ from typing import Callable
 ACCOUNT = "rb-test"
 PARTITION = "rb"
 CLUSTER = "rbtest"
-NODE = "rb1"
+NODE = "rb1"  # the first node; others are rb2, rb3, ...
 # The commands `up` needs, from the four packages.
 TOOLS = ("munged", "munge", "mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "slurmctld", "slurmd",
          "sacctmgr", "scontrol", "sinfo", "squeue", "scancel", "sbatch", "srun", "sacct")
@@ -117,11 +122,12 @@ class Daemon:
 class LocalSlurm:
     """The cluster in ``root`` (an absolute directory; created by up, kept by down for its logs)."""
 
-    # Start order; down stops them in reverse.
-    ORDER = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")
+    # Start order, then one slurmd per node (slurmd-rb1, ...); down stops the slurmds first, then these in reverse.
+    ORDER = ("munged", "mariadbd", "slurmdbd", "slurmctld")
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, nodes: int = 1):
         self.root = Path(root).resolve()
+        self.nodes = [f"rb{i}" for i in range(1, nodes + 1)]
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.munge_socket = self.root / "munge" / "munge.socket.2"
@@ -137,9 +143,9 @@ class LocalSlurm:
         except subprocess.TimeoutExpired:
             return False
 
-    def node_state(self) -> str:
+    def node_state(self, node: str = NODE) -> str:
         try:
-            return self.run("sinfo", "-h", "-n", NODE, "-o", "%T", timeout_s=15).stdout.strip()
+            return self.run("sinfo", "-h", "-n", node, "-o", "%T", timeout_s=15).stdout.strip()
         except subprocess.TimeoutExpired:
             return ""
 
@@ -151,10 +157,10 @@ class LocalSlurm:
             raise ClusterError("the local SLURM cluster needs root (slurmctld and slurmd run as root)")
         if missing := missing_tools():
             raise ClusterError(f"not installed: {', '.join(missing)} (apt-get install {PACKAGES})")
-        for sub in ("munge", "db", "log", "pids", "run", "ctld", "spool"):
+        for sub in ("munge", "db", "log", "pids", "run", "ctld", *(f"spool/{n}" for n in self.nodes)):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)  # munge and mysql reach their sockets through it
-        ports = {k: free_port() for k in ("db", "dbd", "ctld", "d")}
+        ports = {k: free_port() for k in ("db", "dbd", "ctld", *self.nodes)}
         self._start_munge(timeout_s)
         password = self._start_mariadb(ports["db"], timeout_s)
         self._write_configs(ports, password)
@@ -168,8 +174,9 @@ class LocalSlurm:
                 raise ClusterError(f"sacctmgr add {' '.join(add)}: {done.stdout}{done.stderr}")
         self._start("slurmctld", ["slurmctld", "-D"], lambda: "UP" in self.run("scontrol", "ping").stdout,
                     timeout_s, self.root / "log" / "slurmctld.log")
-        self._start("slurmd", ["slurmd", "-D", "-N", NODE], lambda: self.node_state() == "idle", timeout_s,
-                    self.root / "log" / "slurmd.log")
+        for node in self.nodes:
+            self._start(f"slurmd-{node}", ["slurmd", "-D", "-N", node], lambda node=node: self.node_state(node) == "idle",
+                        timeout_s, self.root / "log" / f"slurmd.{node}.log")
 
     def _start(self, name: str, argv: list[str], ready: Callable[[], bool], timeout_s: float, log: Path,
                user: str = "root") -> None:
@@ -218,20 +225,21 @@ class LocalSlurm:
         mem_mb = int(next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
                      / 1024 * 0.9)
         auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\n"
+        nodes = "\n".join(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={ports[n]} CPUs={cpus} "
+                          f"RealMemory={mem_mb} State=UNKNOWN" for n in self.nodes)
         self.conf.write_text(f"""# written by workflow/slurm/local_cluster.py: one node, this machine
 ClusterName={CLUSTER}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ports['ctld']}
-SlurmdPort={ports['d']}
 SlurmUser=root
 SlurmdUser=root
 {auth}CredType=cred/munge
 StateSaveLocation={r}/ctld
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/run/slurmctld.pid
-SlurmdPidFile={r}/run/slurmd.pid
+SlurmdPidFile={r}/run/slurmd.%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
+SlurmdLogFile={r}/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -246,8 +254,8 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort={ports['dbd']}
 AccountingStoragePass={self.munge_socket}
 AccountingStorageEnforce=associations
-NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
-PartitionName={PARTITION} Nodes={NODE} Default=NO MaxTime=INFINITE State=UP
+{nodes}
+PartitionName={PARTITION} Nodes={','.join(self.nodes)} Default=NO MaxTime=INFINITE State=UP
 """)
         dbd = r / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF; it holds a password: root only
         dbd.touch(mode=0o600)
@@ -279,7 +287,8 @@ LogFile={r}/log/slurmdbd.log
             except (subprocess.TimeoutExpired, ClusterError):
                 pass  # the controller is gone or stuck: the sweep below kills the jobs' processes
         left = []
-        for name in reversed(self.ORDER):
+        slurmds = sorted(p.name for p in (self.root / "pids").glob("slurmd-*"))  # however many `up` started
+        for name in [*slurmds, *reversed(self.ORDER)]:
             pid_file = self.root / "pids" / name
             if pid_file.exists():
                 left += self._stop([int(pid_file.read_text())], timeout_s)
@@ -306,10 +315,10 @@ LogFile={r}/log/slurmdbd.log
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("up", "down"):
+    if len(argv) not in (2, 3) or argv[0] not in ("up", "down") or argv[2:] and not argv[2].isdigit():
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    cluster = LocalSlurm(Path(argv[1]))
+    cluster = LocalSlurm(Path(argv[1]), nodes=int(argv[2]) if argv[2:] else 1)
     if argv[0] == "up":
         try:
             cluster.up()
