@@ -23,6 +23,8 @@ from resilience.record.environment import COLLECT_ENV_SHOWN
 BASELINE = "sync"
 # What python -m resilience.bench.probe measures; listed as "not probed" when unknown.
 LIMIT_KEYS = ("write_GBps", "read_GBps", "memcpy_GBps", "rank_start_s")
+# How many samples each limit is made of (resilience/bench/probe.py), where limits.json does not list them.
+LIMIT_SAMPLES = {"read_GBps": "n=1", "memcpy_GBps": "best of n=5", "rank_start_s": "n=1", "p2p_GBps": "best of n=3"}
 NOT_RUN = "not run"
 # Why a row without an ok cell has no figures, by the states of its cells (invalid: the configuration was refused).
 REASONS = {NOT_RUN: "not run", "failed": "failed", "invalid": "error", "unrecovered": "unrecovered"}
@@ -226,6 +228,16 @@ def inventory(frame: pd.DataFrame) -> pd.DataFrame:
     return table.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
 
 
+def limit_text(key: str, value: float, limits: dict[str, Any]) -> str:
+    """A probed limit with its n: "0.244 (median of n=3, 75% CI 0.0989-0.663)" where limits.json keeps the
+    samples (``<name>_samples_<unit>``), else how many samples the probe takes for it."""
+    name, _, unit = key.rpartition("_")
+    samples = limits.get(f"{name}_samples_{unit}")
+    if isinstance(samples, list) and samples:
+        return f"{value:.3g} (median of {stats.median_interval(samples).text()})"
+    return f"{value:.3g} ({LIMIT_SAMPLES[key]})" if key in LIMIT_SAMPLES else f"{value:.3g}"
+
+
 def environment_table(env: dict[str, Any], limits: dict[str, Any], frame: pd.DataFrame) -> pd.DataFrame:
     """Where the numbers were measured, and the physical limits they are compared with ("not probed" if unknown)."""
     rows = [{"group": "environment", "key": k, "value": v} for k, v in env.items() if not isinstance(v, dict)]
@@ -239,6 +251,8 @@ def environment_table(env: dict[str, Any], limits: dict[str, Any], frame: pd.Dat
                 value = ", ".join(f"{x:.3g}" if isinstance(x, float) else str(x) for x in value)
             elif key == "measured_at" and isinstance(value, (int, float)):
                 value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+            elif isinstance(value, float):
+                value = limit_text(key, value, limits)
         elif key == "reason":
             value = limits[key]
         else:
