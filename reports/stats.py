@@ -18,8 +18,9 @@ Every measured median carries its n and an interval with the interval's stated c
   fewer on one side against more on the other); where no pair does, the runs' ranges with their combined level
   stated (n=3 against n=3: 1 - 0.25 - 0.25 = 50%). A denominator interval that reaches 0 gives no interval.
 * **A difference** is called one only when the two medians' 95% intervals are disjoint; overlapping 95% intervals
-  are "no measurable difference", and a side without a 95% interval is "n too small for a 95% interval": an
-  interval at a lower level describes the spread of the runs but does not call a difference. Disjoint 95%
+  are "no measurable difference", and a side without a 95% interval is "n too small for a 95% interval" ("n too
+  small for an interval" for a single run): an interval at a lower level describes the spread of the runs but does
+  not call a difference. Disjoint 95%
   intervals are a conservative test (they imply a difference at a stricter level than 5%).
 * **A proportion** (a detector's coverage, k of n runs): the exact Clopper-Pearson 95% interval (Clopper &
   Pearson, Biometrika 26(4), 1934, 404-413), by bisection on the binomial distribution function.
@@ -194,7 +195,10 @@ def ratio_interval(a: Iterable[float], b: Iterable[float], level: float = LEVEL)
 
 def difference(a: Median, b: Median) -> str:
     """"lower" or "higher" (a against b) only when the two 95% intervals are disjoint; otherwise
-    "no measurable difference", or "n too small for a 95% interval" when either side has none."""
+    "no measurable difference", or, when either side has no 95% interval, "n too small for a 95% interval" ("n too
+    small for an interval" where a side has a single run)."""
+    if min(a.n, b.n) < 2:
+        return NO_INTERVAL
     if not (a.exact and b.exact):
         return NO_95
     if a.high < b.low:

@@ -125,6 +125,7 @@ def test_a_difference_is_called_only_when_the_intervals_separate():
     assert stats.difference(overlapping, sync) == stats.NO_DIFFERENCE == "no measurable difference"
     # medians 2 and 13, but 3 runs on one side: a 75% interval, no 95% one, so no difference may be called
     assert stats.difference(stats.median_interval([1, 2, 3]), sync) == stats.NO_95
+    assert stats.difference(stats.median_interval([1]), sync) == stats.NO_INTERVAL  # one run: no interval at all
 
 
 def _runs(strategy: str, stalls: list[float], fault: str = "none") -> list[dict]:
