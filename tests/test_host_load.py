@@ -55,12 +55,11 @@ def test_an_unrelated_busy_loop_counts_as_other_cpu():
     try:
         before, t0 = _cpu_s(hog), time.monotonic()
         sampler = HostLoadSampler(interval_s=0.1).start()
-        time.sleep(1.0)
+        _wait_until(lambda: _cpu_s(hog) - before >= 0.3, "the hog to burn 0.3 s of CPU")  # however busy the host
         figures = sampler.stop()
         used, wall = _cpu_s(hog) - before, time.monotonic() - t0
     finally:
         os.kill(hog, signal.SIGKILL)
-    assert used > 0.1, used  # it ran
     assert figures["own_cpu_s"] < used / 2, (figures, used)  # not the run's ...
     assert figures["other_cpu_frac"] * figures["cpus"] * wall > 0.8 * used, (figures, used)  # ... but other's
     verdict = _validity({**figures, "thresholds": LIMITS})

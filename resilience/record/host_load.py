@@ -91,6 +91,7 @@ class CpuTimes:
     steal_s: float
     total_s: float
     own_s: float  # this process, its reaped children and the run's processes not (yet) reaped by it
+    unreaped_s: float  # the last part: what getrusage of this process does not hold
     t_mono: float
 
     @staticmethod
@@ -101,10 +102,11 @@ class CpuTimes:
             return None
         user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
         me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        unreaped = run.scan().cpu_s() if run else 0.0
         return CpuTimes(busy_s=(user + nice + system + irq + softirq) / TICK, steal_s=steal / TICK,
                         total_s=(user + nice + system + idle + iowait + irq + softirq + steal) / TICK,
-                        own_s=me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-                        + (run.scan().cpu_s() if run else 0.0), t_mono=time.monotonic())
+                        own_s=me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + unreaped,
+                        unreaped_s=unreaped, t_mono=time.monotonic())
 
 
 def _pressure(kind: str) -> float | None:
@@ -160,9 +162,11 @@ class HostLoadSampler:
             f"{name}_max": max(values) if values else None for name, values in self.samples.items()}
         out["samples"] = len(self.samples["load"])
         out["cpus"] = os.cpu_count()
-        out["other_cpu_frac"] = out["steal_frac"] = out["own_cpu_s"] = None
+        out["other_cpu_frac"] = out["steal_frac"] = out["own_cpu_s"] = out["own_unreaped_cpu_s"] = None
         if begin and end and end.total_s > begin.total_s:
             out["own_cpu_s"] = end.own_s - begin.own_s
+            # the run's CPU that getrusage alone would have counted as other processes' (unreaped descendants)
+            out["own_unreaped_cpu_s"] = end.unreaped_s - begin.unreaped_s
             capacity = (end.t_mono - begin.t_mono) * (os.cpu_count() or 1)
             other = (end.busy_s - begin.busy_s) - (end.own_s - begin.own_s)
             out["other_cpu_frac"] = max(0.0, other) / capacity if capacity > 0 else None
