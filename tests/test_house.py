@@ -27,7 +27,7 @@ PACKAGES = ("resilience", "injectors", "reports")
 # (what a user runs) are the top floor; nothing beneath imports them.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("resilience.checks", "resilience.named", "resilience.child", "resilience.orphans",
-                "resilience.state", "resilience.plan", "resilience.command_line", "resilience.cli_help", "resilience.reduce",
+                "resilience.state", "resilience.plan", "resilience.schema", "resilience.command_line", "resilience.cli_help", "resilience.reduce",
                 "resilience.identity", "resilience.record", "resilience.workloads")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "resilience.parallel",
