@@ -10,7 +10,7 @@ varied 10x with machine load. So every run records, over its own span:
   descendant nobody has reaped when the run ends (a killed rank's checkpoint process left as a zombie: its CPU
   counted as another process's and marked every DCP process-executor kill cell noisy) and one reparented outside
   the tree (to init where the sampler is no subreaper); so :class:`RunProcesses` also follows the tree in
-  ``/proc`` at every sample;
+  ``/proc`` at every sample (``own_unreaped_cpu_s``: the part of ``own_cpu_s`` that getrusage would have missed);
 * ``steal_frac``: the share of CPU time the hypervisor gave to other guests (``/proc/stat`` steal);
 * ``load_max``: the highest 1-minute load average sampled (it counts the run's own processes too);
 * ``cpu_pressure_max`` and ``memory_pressure_max``: the highest PSI ``some avg10`` sampled (the share of time some
