@@ -21,6 +21,7 @@ REFUSED = [
     (("recovery=grow", *NODE, "fault.return_after_s=-1"), "fault.return_after_s=-1", ">= 0"),
     (("fault=node_loss", "fault.return_after_s=soon"), "fault.return_after_s=soon", "number"),
     (("recovery=grow", *BACK, "strategy=none"), "strategy=none", "strategy=sync"),
+    (("recovery=grow", *BACK, "strategy=inmemory", "strategy.ranks_per_node=2"), "strategy=inmemory", "DCP"),
     (("recovery=grow", *BACK, "parallel=hsdp"), "parallel.replicate=2", "2 ranks"),
     (("recovery=grow", *BACK, "recovery.min_world_size=3"), "recovery.min_world_size=3", "recovery=restart"),
 ]

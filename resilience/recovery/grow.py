@@ -15,6 +15,7 @@ from typing import Any
 
 from resilience.checks import require_number
 from resilience.recovery.shrink import Shrink
+from resilience.strategies.sync import SyncCheckpoint
 
 
 class Grow(Shrink):
@@ -32,9 +33,9 @@ class Grow(Shrink):
     def check_resharding(self, world_size: int, roles: Any) -> None:
         """Refuse what cannot go down to the survivors' size and back up through a resharded checkpoint."""
         strategy = roles.strategy
-        if not (strategy.saves and strategy.handles_sharded_state()):
+        if not (strategy.saves and strategy.handles_sharded_state() and reshards_on_load(strategy)):
             raise ValueError(f"recovery=grow: goes back to the full world from a checkpoint that DCP reshards on "
-                             f"load, which strategy={strategy.name} does not write; use strategy=sync or "
+                             f"load, which strategy={strategy.name} does not load from; use strategy=sync or "
                              f"strategy=dcp_async (executor=thread)")
         small = self.world_after(world_size, sorted(roles.injector.targets()))
         if small == world_size:
@@ -59,3 +60,10 @@ class Grow(Shrink):
     def returned(self, now: float) -> bool:
         """Whether the lost node is back at ``now`` (monotonic seconds)."""
         return self.lost_at is not None and now >= self.lost_at + self.return_after_s
+
+
+def reshards_on_load(strategy: Any) -> bool:
+    """Whether every load of ``strategy`` is ``sync``'s, DCP's read of the checkpoint files, which reshards to any
+    world size. A load of its own (``inmemory``'s snapshots in the ranks' memory) holds each old rank's shards,
+    which do not fit a world of another size."""
+    return isinstance(strategy, SyncCheckpoint) and type(strategy)._load is SyncCheckpoint._load
