@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from resilience.checks import require_number
-from resilience.recovery.shrink import Shrink
-from resilience.strategies.sync import SyncCheckpoint
+from resilience.recovery.shrink import Shrink, reshards_on_load
 
 
 class Grow(Shrink):
@@ -61,9 +60,3 @@ class Grow(Shrink):
         """Whether the lost node is back at ``now`` (monotonic seconds)."""
         return self.lost_at is not None and now >= self.lost_at + self.return_after_s
 
-
-def reshards_on_load(strategy: Any) -> bool:
-    """Whether every load of ``strategy`` is ``sync``'s, DCP's read of the checkpoint files, which reshards to any
-    world size. A load of its own (``inmemory``'s snapshots in the ranks' memory) holds each old rank's shards,
-    which do not fit a world of another size."""
-    return isinstance(strategy, SyncCheckpoint) and type(strategy)._load is SyncCheckpoint._load
