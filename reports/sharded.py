@@ -41,8 +41,8 @@ COLUMNS = [("parallel", "parallel"), ("strategy", "strategy"), ("fault", "fault"
 
 def sharded_cells(summary: pd.DataFrame) -> pd.DataFrame:
     """The matrix's cells of a sharded parallel setting (ran or not)."""
-    if summary.empty or "cell.parallel" not in summary:
-        return summary.iloc[0:0]
+    if summary.empty or "cell.parallel" not in summary:  # a matrix without the parallel axis: no sharded cell
+        return summary.iloc[0:0].assign(**{"cell.parallel": pd.Series(dtype=object)})
     return summary[summary["cell.parallel"].isin(SHARDED)]
 
 
