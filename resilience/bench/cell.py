@@ -38,8 +38,11 @@ from resilience.record.events import read_events
 from resilience.record.host_load import HostLoadSampler
 
 PHASES = ("supervisor start", "rank start", "training", "teardown", "result", "exit")
-# The supervisor imports its strategy's module too, when it builds the roles (config.resolve, build_roles).
-SUPERVISOR_IMPORTS = "import resilience.__main__, resilience.strategies.{strategy}"
+# What the supervisor has imported by ``launch``: the command, the roles and its strategy's module (config.resolve,
+# build_roles), the supervisors (torch's elastic agent). The command imports the last three only once the
+# configuration is valid, so they are named here, not left to ``resilience.__main__``'s own imports.
+SUPERVISOR_IMPORTS = ("import resilience.__main__, resilience.roles, resilience.supervise.elastic, "
+                      "resilience.supervise.replacing, resilience.strategies.{strategy}")
 # What a rank imports before it trains: its modules, its strategy's, and what DDP's constructor and
 # torch.use_deterministic_algorithms import on first use (torch._dynamo, torch._inductor.config).
 HEAVY = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "hydra")
