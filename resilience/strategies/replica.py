@@ -24,6 +24,11 @@ takes far longer than any collective should. ``auto`` sizes it from this run's o
 (the supervisor's ``launch`` -> the slowest first-generation ``run_start``: the same work, on the same host under the
 same load, as the probe's ``rank_start_s``) times ``strategy.replace_start_factor``. A replacement that misses it
 ends the survivor with a ``replacement_too_slow`` event naming the deadline and its basis.
+
+Under ``parallel=hsdp`` (``wait`` only) the same happens per shard: the replacement receives its shard from the rank
+holding the same shard in another replica group, and the survivors rebuild their sharded model over the re-formed
+group from their own memory (``resilience.strategies.replica_shards``). ``parallel=fsdp`` has no replica to take a
+shard from and is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from resilience.checks import require_choice, require_number
 from resilience.record.events import read_events
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
+from resilience.strategies.replica_shards import Held, is_sharded, rebuild, release
 from resilience.strategies.replica_transfer import reconcile
 
 MODES = ("wait", "continue")
@@ -50,6 +56,9 @@ class ReplicaRecovery(CheckpointStrategy):
     def keeps_world_group(self) -> bool:
         return self.while_replacing == "wait"  # continue: the survivors train on in a group of their own
 
+    def handles_sharded_state(self) -> bool:
+        return self.while_replacing == "wait"  # continue: HSDP's mesh cannot be formed by the survivors alone
+
     def __init__(self, every: int, keep: int, while_replacing: str = "wait", replace_timeout_s: float | str = "auto",
                  replace_start_factor: float = 10.0) -> None:
         super().__init__(every, keep)
@@ -61,6 +70,7 @@ class ReplicaRecovery(CheckpointStrategy):
         self._deadline: dict[str, Any] | None = None  # computed at the first fault
         self._replacing: list[int] | None = None  # at reduced width: the ranks being replaced
         self._state: TrainState | None = None
+        self._held: Held | None = None  # sharded: a survivor's state while the group is re-formed
 
     def _save(self, step: int, state: TrainState) -> None:
         raise AssertionError("replica never saves")
@@ -96,6 +106,8 @@ class ReplicaRecovery(CheckpointStrategy):
         # wait mode, or a collective failed at reduced width (a survivor or the replacement was lost): wait for the
         # next generation with all of them
         self._replacing = None
+        if state.model is not None and is_sharded(state.model):  # let go of the broken groups before waiting
+            self._held = release(state, error)
         try:  # re-raises if no new generation opens: then this rank fails too
             generation = rt.group.rejoin(error, deadline["replace_timeout_s"])
         except TimeoutError as exc:
@@ -160,6 +172,10 @@ class ReplicaRecovery(CheckpointStrategy):
                             f"{deadline['replace_basis']}); this survivor gives up")
 
     def _rewrap(self, state: TrainState) -> None:
+        if self._held is not None:  # sharded: built again over the new group's mesh, from this rank's memory
+            held, self._held = self._held, None
+            rebuild(state, self.rt, held)
+            return
         state.model = self.rt.wrap_model(state.model.module)  # the old DDP is bound to the broken group
         state.optimizer.zero_grad(set_to_none=True)  # a backward cut short may have left partial gradients
 

@@ -14,6 +14,9 @@ the most advanced replica as the source, the skeleton) moves the tensors with ``
 
 The bytes are copied, never converted: the healed state is bit-identical to the source's, as with the plain
 transfer.
+
+Under HSDP (``replica_shards``) a rank holds one shard of the state, and only the ranks holding the same shard in
+other replica groups are its replicas: each rank behind takes its shard from such a rank, as local tensors.
 """
 
 from __future__ import annotations
@@ -27,29 +30,43 @@ import torch.distributed as dist
 # The plain transfer's state layout (a skeleton of slots, filled in the same order) is the protocol both share.
 from resilience.ckpt.transfer import Reconciled, _bare, _fill, _hollow, _Slot, replica_state
 from resilience.state import TrainState
+from resilience.strategies.replica_shards import load_local, localise, shard_key
 
 BUCKET_BYTES = 16 << 20
 WINDOW = 4  # buckets in flight at once: bounds the staging memory to WINDOW x BUCKET_BYTES
 
 
 def reconcile(state: TrainState, position: int | None, device: torch.device) -> Reconciled:
-    """Make every rank hold the most advanced replica's state (collective), with the pipelined transfer."""
-    rank = dist.get_rank()
-    everyone = torch.empty(dist.get_world_size(), dtype=torch.int64, device=device)
-    dist.all_gather_single(everyone, torch.tensor([-1 if position is None else position], device=device))
-    at = everyone.tolist()  # each rank's position; -1: a replacement that holds nothing
-    if max(at) < 0:
+    """Make every rank hold the most advanced replica's state (collective), with the pipelined transfer: each rank
+    behind takes its shard (DDP: the whole state) from a rank that holds the same shard at the newest position."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    everyone = torch.empty(2 * world, dtype=torch.int64, device=device)
+    mine = [-1 if position is None else position, shard_key(_bare(state))]
+    dist.all_gather_single(everyone, torch.tensor(mine, dtype=torch.int64, device=device))
+    at, key = everyone.tolist()[0::2], everyone.tolist()[1::2]  # position -1: a replacement that holds nothing
+    best = max(at)
+    if best < 0:
         raise RuntimeError("replica: no rank holds the training state (every replica was lost at once); "
                            "a strategy that checkpoints is needed to recover from this")
-    source = at.index(max(at))
     # At position 0 nobody has stepped: every rank built the same initial state from the seed.
-    behind = [r for r, p in enumerate(at) if p != max(at)] if max(at) > 0 else []
+    behind = [r for r, p in enumerate(at) if p != best] if best > 0 else []
+    source = {r: _source(r, at, key, best) for r in range(world)}
     t0, nbytes = time.monotonic(), 0
-    if rank == source:
-        nbytes = sum(send_state(state, dst, device) for dst in behind)
-    elif rank in behind:
-        nbytes = recv_state(state, source, device)
-    return Reconciled(max(at), source, rank in behind, nbytes, time.monotonic() - t0 if nbytes else 0.0)
+    for dst in behind:
+        if rank == source[dst]:
+            nbytes += send_state(state, dst, device)
+    if rank in behind:
+        nbytes = recv_state(state, source[rank], device)
+    return Reconciled(best, source[rank], rank in behind, nbytes, time.monotonic() - t0 if nbytes else 0.0)
+
+
+def _source(rank: int, at: list[int], key: list[int], best: int) -> int:
+    """The first rank holding ``rank``'s shard at position ``best`` (DDP: the first rank there, for every rank)."""
+    holders = [r for r in range(len(at)) if key[r] == key[rank] and at[r] == best]
+    if not holders:
+        raise RuntimeError(f"replica: no rank holds shard {key[rank]} at step {best} (its replicas were lost or "
+                           f"are behind); a strategy that checkpoints is needed to recover from this")
+    return holders[0]
 
 
 def buckets(slots: list[_Slot]) -> list[list[int]]:
@@ -74,8 +91,9 @@ def buckets(slots: list[_Slot]) -> list[list[int]]:
 def send_state(state: TrainState, dst: int, device: torch.device) -> int:
     """Send the model and optimizer state to rank ``dst`` (pipelined); return the bytes sent."""
     tensors: dict[str, torch.Tensor] = {}
-    skeleton = _hollow(replica_state(state), tensors)
-    dist.send_object_list([skeleton], dst=dst, device=device)
+    sharded: set[str] = set()
+    skeleton = _hollow(localise(replica_state(state), sharded), tensors)
+    dist.send_object_list([skeleton, sharded], dst=dst, device=device)
     flat = [t.detach().to(device).contiguous() for t in tensors.values()]
     works: list[tuple[Any, torch.Tensor]] = []  # each work with its buffer, alive until sent
     for group in buckets([_slot(t) for t in flat]):
@@ -92,10 +110,10 @@ def send_state(state: TrainState, dst: int, device: torch.device) -> int:
 def recv_state(state: TrainState, src: int, device: torch.device) -> int:
     """Receive what ``send_state`` sends and load it into ``state``; return the bytes received. A tensor that
     matches this rank's own one at the same place is received (or unpacked) straight into it."""
-    box: list[Any] = [None]
+    box: list[Any] = [None, None]
     dist.recv_object_list(box, src=src, device=device)
     own: dict[str, torch.Tensor] = {}
-    _hollow(replica_state(state), own)
+    _hollow(localise(replica_state(state), set()), own)
     slots: list[_Slot] = []
     _fill(box[0], slots.append)
     targets = [_target(own.get(s.path), s, device) for s in slots]
@@ -112,8 +130,11 @@ def recv_state(state: TrainState, src: int, device: torch.device) -> int:
         _unpack(*item, targets)
     received = iter(t.to(s.device) for t, s in zip(targets, slots))  # no copy where the device is the same
     loaded = _fill(box[0], lambda _: next(received))
-    _bare(state).load_state_dict(loaded["model"])
-    state.optimizer.load_state_dict(loaded["optim"])
+    if box[1]:  # shards: wrapped again with this rank's own mesh and placements
+        load_local(state, loaded, box[1])
+    else:
+        _bare(state).load_state_dict(loaded["model"])
+        state.optimizer.load_state_dict(loaded["optim"])
     return sum(_nbytes(s) for s in slots)
 
 
