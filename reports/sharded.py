@@ -111,7 +111,9 @@ def sharded(summary: pd.DataFrame):
     data = sharded_table(summary)
     shown = data.dropna(subset=["save_s", "load_s"], how="all")
     if shown.empty:
-        return empty("Sharded training", "the matrix ran no sharded cell (parallel=fsdp|hsdp)"), data
+        why = ("the matrix ran no sharded cell (parallel=fsdp|hsdp)" if data.empty or not data["runs"].any() else
+               "no sharded run is ok and quiet (a noisy run's timings are left out; its verdicts are in the table)")
+        return empty("Sharded training", why), data
     fig, ax = plt.subplots(figsize=(9, 0.7 * len(shown) + 1.5))
     interval_bars(ax, shown, ["save_s", "load_s"], [_label(r) for _, r in shown.iterrows()])
     ax.set(xlabel="seconds (median of ok, quiet runs; bar: 95% CI, or the runs' range where n < 6)")
