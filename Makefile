@@ -51,9 +51,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# The smoke matrix through profiles/slurm on a real single-node SLURM cluster that the test starts and stops
-# (tests/test_slurm.py, workflow/slurm/local_cluster.py); minutes, so not part of `make test`. Installs Debian's
-# packages when missing (root and apt) and the `slurm` extra.
+# The smoke matrix through profiles/slurm on a real SLURM cluster that the test starts and stops (two slurmd on this
+# machine), then one run across its two nodes (rule multinode; tests/test_slurm.py, workflow/slurm/local_cluster.py).
+# Minutes, and root: not part of `make test`, whose CI goal is 15 minutes for the suite (docs/pipeline.md, SLURM).
+# Installs Debian's packages when missing (root and apt) and the `slurm` extra.
 SLURM_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
 .PHONY: test-slurm
 test-slurm: $(STAMP)
