@@ -86,10 +86,11 @@ def _throughput(timed: pd.DataFrame) -> str:
 def sharded_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per (parallel, strategy, fault) of the sharded cells, in the matrix's order (module docstring)."""
     cells = sharded_cells(summary)
-    cells = cells[cells["cell.strategy"] != "none"]  # the fault-free reference: no checkpoint to time
+    if len(cells):
+        cells = cells[cells["cell.strategy"] != "none"]  # the fault-free reference: no checkpoint to time
     out = []
-    for (parallel, strategy, fault), rows in cells.groupby(["cell.parallel", "cell.strategy", "cell.fault_label"],
-                                                          sort=False):
+    for (parallel, strategy, fault), rows in (cells.groupby(["cell.parallel", "cell.strategy", "cell.fault_label"],
+                                                           sort=False) if len(cells) else ()):
         ran, timed = finished(rows), timed_runs(rows)
         shrink = _is_shrink(rows)
         out.append({"parallel": parallel, "strategy": strategy, "fault": fault, "shards": _shards(rows),

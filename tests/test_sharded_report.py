@@ -75,6 +75,9 @@ def test_sharded_rows_render_with_intervals_the_shrink_loss_and_unmeasured_rows(
     assert "<td class=\"text\">save</td>" in html  # the per-shard fit's table
     fig, data = sharded.sharded(_summary())
     assert len(data) == 5 and fig.axes[0].get_yticklabels()
+    ddp = _summary().assign(**{"cell.parallel": None})  # a matrix without sharded cells: no rows, no error
+    assert sharded.sharded_table(ddp).empty and sharded.sharded_note(ddp) == ""
+    assert sharded.sharded_table(pd.DataFrame()).empty
 
 
 def test_the_per_shard_fit_recovers_the_line_and_the_projection_uses_shards_as_writers():
