@@ -22,7 +22,7 @@ def _row(cell, parallel, strategy, fault, state="ok", recovery="restart", **fiel
     row = {"cell": cell, "state": state, "is_reference": cell == ref, "reference_cell": ref,
            "cell.parallel": parallel, "cell.strategy": strategy, "cell.fault_label": fault, "cell.recovery": recovery}
     if state != "not run":
-        row.update({"parallel.name": parallel, "parallel.shards_per_replica": shards, "ckpt_bytes": CKPT,
+        row.update({"strategy": strategy, "parallel.name": parallel, "parallel.shards_per_replica": shards, "ckpt_bytes": CKPT,
                     "validity.verdict": "valid", "final_state_sha256": f"hash-{parallel}", **fields})
     return row
 
@@ -80,25 +80,27 @@ def test_sharded_rows_render_with_intervals_the_shrink_loss_and_unmeasured_rows(
     assert sharded.sharded_table(pd.DataFrame()).empty
 
 
-def test_the_per_shard_fit_recovers_the_line_and_the_projection_uses_shards_as_writers():
+def test_the_per_shard_fit_recovers_the_line_and_is_the_projections():
     a, b = 0.2, 2.0  # seconds = a + b * GB per shard, on the shard counts the sharded matrix measures
     rows = []
     for parallel, shards in (("fsdp", 4), ("hsdp", 2), ("fsdp", 8)):
         seconds = a + b * CKPT / shards / GB
-        rows += [{"strategy": "sync", "state": "ok", "cell.recovery": "restart", "parallel.name": parallel,
+        rows += [{"strategy": "sync", "cell.recovery": "restart", "parallel.name": parallel,
                   "parallel.shards_per_replica": shards, "world_size": 4, "ckpt_bytes": CKPT,
-                  "ckpt_stall_s": seconds, "ckpt_durable_s": seconds, "recovery_load_s": seconds,
-                  "recovery_breakdown_s.load": seconds, "recovery_breakdown_s.restart": 3.0}] * 2
+                  "ckpt_stall_s": seconds, "ckpt_durable_s": seconds, "recovery_breakdown_s.load": seconds,
+                  "recovery_breakdown_s.restart": 3.0}] * 2
     rows.append({**rows[0], "cell.recovery": "shrink", "ckpt_stall_s": 99.0})  # mixed shard counts: left out
     rows.append({**rows[0], "parallel.name": "ddp", "parallel.shards_per_replica": 1, "ckpt_stall_s": 99.0,
                  "strategy": "async"})  # not sharded: not in the per-shard fit
     frame = pd.DataFrame(rows)
-    fit = per_shard_fit(frame).set_index("component")
-    assert fit.loc["save", "n"] == 6 and fit.loc["save", "shard_counts"] == "2, 4, 8"
-    assert fit.loc["save", "fixed_s"] == pytest.approx(a) and fit.loc["save", "s_per_GB"] == pytest.approx(b)
-    assert fit.loc["load", "GBps_per_shard"] == pytest.approx(1 / b)
-    costs = fit_strategies(frame[frame["cell.recovery"] != "shrink"], {})["sync"]
+    fit = per_shard_fit(frame).set_index(["strategy", "component"])
+    assert list(fit.index.get_level_values(0).unique()) == ["sync"]
+    save = fit.loc[("sync", "save")]
+    assert save["n"] == 6 and save["shard_counts"] == "2, 4, 8"
+    assert save["fixed_s"] == pytest.approx(a) and save["s_per_GB"] == pytest.approx(b)
+    assert fit.loc[("sync", "load"), "GBps_per_shard"] == pytest.approx(1 / b)
+    costs = fit_strategies(frame, {})["sync"]  # the shrunk row is left out here too
     # with the shard count as writers the strategy's line is the per-shard one: at 1,000 writers of a 1 TB
     # checkpoint each writes 1 GB
     assert costs.stall.seconds(1000 * GB, 1000, None) == pytest.approx(a + b)
-    assert np.isclose(costs.stall.fixed_s, a)
+    assert np.isclose(costs.stall.fixed_s, a) and np.isclose(costs.load.fixed_s, a)

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from resilience.projection.cost_model import ComponentCost, StrategyCosts, fit_component
-from resilience.projection.sharded import shards
+from resilience.projection.sharded import resized, shards
 from resilience.projection.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
     for column in REQUIRED_COLUMNS:
         if column not in measured.columns:
             raise ConfigError(f"measured: column '{column}' missing (required: {', '.join(REQUIRED_COLUMNS)})")
+    measured = measured[~resized(measured)]  # a shrunk run: its saves mix two shard counts, its load reshards
     writers = shards(measured).fillna(_writers(measured))  # FSDP/HSDP: the shard count, whatever the world size
     out = dict(defaults)
     for name, rows in measured.groupby("strategy", sort=True):
