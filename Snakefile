@@ -15,6 +15,7 @@ of stopping the pipeline; one console line per finished cell, a table of states 
 is 1 when a cell failed. docs/pipeline.md has the details, the matrix format and the SLURM profile.
 """
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -92,8 +93,12 @@ onsuccess:
     print(state_table(states))
     if Path(f"{RESULTS}/report/index.html").exists():
         print(f"report: {RESULTS}/report/index.html")
-    if multinode_outcome():
-        print(multinode_outcome())
+    if MULTINODE and Path(MULTINODE_DIR, "result.json").exists():  # rule multinode ran: its outcome in one line
+        r = json.loads(Path(MULTINODE_DIR, "result.json").read_text())
+        print(
+            f"multinode {MULTINODE_NAME} ({NODES} node(s) x {NPROC_PER_NODE} rank(s)): {r['status']}, recovered "
+            f"{r['recovered']}, final state {str(r['final_state_sha256'])[:12]}, {MULTINODE_DIR}/result.json"
+        )
     if failed_count(states) and not ALLOW_FAILED:
         print(f"error: {failed_count(states)} cell(s) failed (--config allow_failed=true exits 0)")
         sys.exit(1)

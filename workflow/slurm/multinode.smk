@@ -10,7 +10,6 @@ The run directory is results/<matrix>/multinode/<nodes>x<nproc>-<hash of the ove
 like a matrix cell's before anything is submitted."""
 
 import hashlib
-import json
 
 MULTINODE = str(config.get("multinode", "")).split()  # the experiment's overrides
 try:
@@ -25,7 +24,8 @@ if any(o.startswith("world_size=") for o in MULTINODE):
     sys.exit("error: multinode: world_size is nodes x nproc_per_node; set those instead")
 MULTINODE_WORLD = NODES * NPROC_PER_NODE
 MULTINODE_HASH = hashlib.sha256(" ".join(MULTINODE).encode()).hexdigest()[:8]
-MULTINODE_DIR = f"{RESULTS}/multinode/{NODES}x{NPROC_PER_NODE}-{MULTINODE_HASH}"
+MULTINODE_NAME = f"{NODES}x{NPROC_PER_NODE}-{MULTINODE_HASH}"
+MULTINODE_DIR = f"{RESULTS}/multinode/{MULTINODE_NAME}"
 MULTINODE_OVERRIDES = [*MULTINODE, "supervisor.launcher=external", f"world_size={MULTINODE_WORLD}"]
 if MULTINODE and workflow.is_main_process:
     from resilience.__main__ import precheck
@@ -38,25 +38,15 @@ if MULTINODE and workflow.is_main_process:
         sys.exit(f"error: multinode: {exc}")
 
 
-def multinode_outcome() -> str | None:
-    """The console line for the multinode run, once its result.json exists."""
-    result = Path(MULTINODE_DIR, "result.json")
-    if not MULTINODE or not result.exists():
-        return None
-    r = json.loads(result.read_text())
-    return (
-        f"multinode {Path(MULTINODE_DIR).name} ({NODES} node(s) x {NPROC_PER_NODE} rank(s)): {r['status']}, "
-        f"recovered {r['recovered']}, final state {str(r['final_state_sha256'])[:12]}, {result}"
-    )
-
-
 rule multinode:
     """One experiment across `nodes` nodes with `nproc_per_node` ranks each (--config multinode="<overrides>"):
     one batch job; srun starts torchrun on each of its nodes. Under profiles/slurm (a SLURM allocation) only."""
     output:
         f"{MULTINODE_DIR}/result.json",
     log:
-        f"{RESULTS}/logs/multinode/{Path(MULTINODE_DIR).name}.log",
+        f"{RESULTS}/logs/multinode/{MULTINODE_NAME}.log",
+    conda:
+        ENV
     resources:
         nodes=NODES,
         # One SLURM task per rank. The plugin accepts one of the two, and only above 1, for an `mpi` job.
@@ -67,8 +57,9 @@ rule multinode:
         runtime=MATRIX.runtime_min,
     params:
         overrides=MULTINODE,
-        run_dir=MULTINODE_DIR,
+        nproc=NPROC_PER_NODE,
+        run_dir=lambda wc, output: os.path.dirname(output[0]),
     shell:
         # A run cut off earlier leaves its directory: node 0 prepares it anew, the others must not read the old one.
-        "rm -rf {params.run_dir:q} && NPROC_PER_NODE={NPROC_PER_NODE} RUN_DIR={params.run_dir:q} "
+        "rm -rf {params.run_dir:q} && NPROC_PER_NODE={params.nproc} RUN_DIR={params.run_dir:q} "
         "workflow/scripts/srun_multinode.sh {params.overrides:q} > {log:q} 2>&1"
