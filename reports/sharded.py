@@ -34,7 +34,7 @@ SHRINK_NOTE = ("A run shrunk after a node loss cannot be bit-exact against the f
                "parallel setting.")
 COLUMNS = [("parallel", "parallel"), ("strategy", "strategy"), ("fault", "fault"), ("shards", "shards per replica"),
            ("cells", "cells"), ("runs", "finished"), ("save_s", "save (s)"), ("durable_s", "durable (s)"),
-           ("load_s", "load after fault (s)"), ("recovery_s", "recovery (s)"),
+           ("load_s", "load after fault (s)"), ("loaded_MB", "recovery bytes (MB)"), ("recovery_s", "recovery (s)"),
            ("throughput", "steps/s before -> after the fault"), ("bit_exact", "bit-exact"),
            ("loss_delta", "loss vs fault-free"), ("note", "")]
 
@@ -96,6 +96,8 @@ def sharded_table(summary: pd.DataFrame) -> pd.DataFrame:
         out.append({"parallel": parallel, "strategy": strategy, "fault": fault, "shards": _shards(rows),
                     "cells": len(rows), "runs": len(ran),
                     **medians({m: col(timed, c) for m, c in MEASURES.items()}), "throughput": _throughput(timed),
+                    # what the recovery loaded (result.json recovery_bytes): one shard's for a replica recovery
+                    "loaded_MB": col(ran, "recovery_bytes").median() / 1e6 if len(ran) else None,
                     "bit_exact": ("not by design (world size changes)" if shrink and len(ran) else bit_exact(ran)),
                     "loss_delta": _loss_delta(ran, summary) if shrink and len(ran) else None,
                     "note": not_measured(rows)})
