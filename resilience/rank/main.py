@@ -119,7 +119,9 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
             ddp = rt.wrap_model(prepared.model)
             state = TrainState(ddp, prepared.optimizer)
         else:
-            ddp = rt.wrap_model(roles.workload.build_model().to(device))
+            wl = roles.workload  # a replacement whose state the strategy overwrites skips the initialisation
+            empty = events.attempt > 0 and getattr(strategy, "overwrites_replacement_state", False)
+            ddp = rt.wrap_model(wl.build_model_uninitialised(device) if empty else wl.build_model().to(device))
             state = TrainState(ddp, roles.workload.build_optimizer(ddp))
         injector.arm(state)
         detectors.attach(rt, state)

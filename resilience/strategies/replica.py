@@ -52,6 +52,9 @@ MODES = ("wait", "continue")
 class ReplicaRecovery(CheckpointStrategy):
     saves = False
     recovers_in_place = True
+    # A replacement's model is built uninitialised (the rank's main): the heal overwrites every byte of it, at any
+    # position (``reconcile(..., empty=True)``), so the initialisation would be wasted work on its critical path.
+    overwrites_replacement_state = True
 
     def keeps_world_group(self) -> bool:
         return self.while_replacing == "wait"  # continue: the survivors train on in a group of their own
@@ -82,7 +85,7 @@ class ReplicaRecovery(CheckpointStrategy):
             return None  # the first generation: every rank builds the same initial state from the seed
         # A replacement, in the group its survivors re-formed with it: take the state of a healthy replica.
         t0 = time.monotonic()
-        done = reconcile(state, None, rt.device)
+        done = reconcile(state, None, rt.device, empty=True)
         rt.events.emit("replica_heal", step=done.position, source=f"replica:{done.source}",
                        transfer_s=done.transfer_s, bytes=done.nbytes, heal_s=time.monotonic() - t0)
         return done.position, f"replica:{done.source}", done.nbytes

@@ -36,20 +36,21 @@ BUCKET_BYTES = 16 << 20
 WINDOW = 4  # buckets in flight at once: bounds the staging memory to WINDOW x BUCKET_BYTES
 
 
-def reconcile(state: TrainState, position: int | None, device: torch.device) -> Reconciled:
+def reconcile(state: TrainState, position: int | None, device: torch.device, empty: bool = False) -> Reconciled:
     """Make every rank hold the most advanced replica's state (collective), with the pipelined transfer: each rank
-    behind takes its shard (DDP: the whole state) from a rank that holds the same shard at the newest position."""
+    behind takes its shard (DDP: the whole state) from a rank that holds the same shard at the newest position.
+    ``empty``: this rank (position None) was built uninitialised and receives even at position 0."""
     rank, world = dist.get_rank(), dist.get_world_size()
     everyone = torch.empty(2 * world, dtype=torch.int64, device=device)
-    mine = [-1 if position is None else position, shard_key(_bare(state))]
+    mine = [(-2 if empty else -1) if position is None else position, shard_key(_bare(state))]
     dist.all_gather_single(everyone, torch.tensor(mine, dtype=torch.int64, device=device))
-    at, key = everyone.tolist()[0::2], everyone.tolist()[1::2]  # position -1: a replacement that holds nothing
+    at, key = everyone.tolist()[0::2], everyone.tolist()[1::2]  # -1: a replacement holding nothing; -2: built empty
     best = max(at)
     if best < 0:
         raise RuntimeError("replica: no rank holds the training state (every replica was lost at once); "
                            "a strategy that checkpoints is needed to recover from this")
-    # At position 0 nobody has stepped: every rank built the same initial state from the seed.
-    behind = [r for r, p in enumerate(at) if p != best] if best > 0 else []
+    # At position 0 nobody has stepped: every rank built the same initial state from the seed (but one built empty).
+    behind = [r for r, p in enumerate(at) if p != best] if best > 0 else [r for r, p in enumerate(at) if p == -2]
     source = {r: _source(r, at, key, best) for r in range(world)}
     t0, nbytes = time.monotonic(), 0
     for dst in behind:
