@@ -46,7 +46,7 @@ rule multinode:
     log:
         f"{RESULTS}/logs/multinode/{MULTINODE_NAME}.log",
     conda:
-        ENV
+        "../envs/bench.yaml"  # relative to this file (the Snakefile's ENV)
     resources:
         nodes=NODES,
         # One SLURM task per rank. The plugin accepts one of the two, and only above 1, for an `mpi` job.
