@@ -20,7 +20,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from reports import stats  # noqa: E402
-from reports.tables import col, interval_columns, medians, ok_runs, order  # noqa: E402
+from reports.tables import col, interval_columns, medians, ok_runs, order, way  # noqa: E402
 
 PHASES = ("detect", "restart", "load", "replay")
 sns.set_theme(style="whitegrid", context="notebook", palette="colorblind")
@@ -68,10 +68,10 @@ def recovery_breakdown(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     """Stacked bars: median detect / restart / load / replay seconds per (strategy, fault) of recovered runs."""
     ok = ok_runs(frame)
     recovered = ok[ok.get("recovered", pd.Series(False, index=ok.index)).isin([True, "True"])]
-    rows = []
+    rows, ways = [], way(recovered)  # torchrun's or NVRx's restart: its own bar (tables.way)
     for fault in order(recovered, "cell.fault_label"):
-        for strategy in order(frame, "cell.strategy"):
-            mine = recovered[(recovered["cell.strategy"] == strategy) & (recovered["cell.fault_label"] == fault)]
+        for strategy in order(recovered.assign(way=ways), "way"):
+            mine = recovered[(ways == strategy) & (recovered["cell.fault_label"] == fault)]
             if mine.empty:
                 continue
             row = {"strategy": strategy, "fault": fault, "runs": len(mine)}

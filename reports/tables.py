@@ -183,13 +183,33 @@ def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataF
     return with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"], kept)
 
 
+# The recovery and launcher of "our" way: another (torchrun's restart, NVRx's in-process restart) is another row.
+USUAL_WAY = {"cell.recovery": ("restart", "rollback"), "cell.supervisor.launcher": ("local",)}
+
+
+def way(frame: pd.DataFrame) -> pd.Series:
+    """Each cell's strategy, with its recovery or launcher in brackets where it is not ours ("sync (torchrun)"): a
+    restart by torchrun or in process by NVRx is another technique, not more runs of the strategy's recovery, and
+    its ratio to sync is then to our restart of the same fault."""
+    if "cell.strategy" not in frame:
+        return pd.Series(index=frame.index, dtype=object)
+    label = frame["cell.strategy"].astype(str)
+    for key, usual in USUAL_WAY.items():
+        if key in frame:
+            value = frame[key]
+            other = value.notna() & ~value.astype(str).isin(usual)
+            label = label.where(~other, label + " (" + value.astype(str) + ")")
+    return label
+
+
 def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (strategy, fault): recovery time, lost steps, detection latency, goodput, bit-exactness."""
     ok = timed_runs(frame)
+    ways = way(frame)
     rows, kept = [], []
     for fault in [f for f in order(frame, "cell.fault_label") if f != "none"]:
-        for strategy in order(frame, "cell.strategy"):
-            mine = frame[(frame["cell.strategy"] == strategy) & (frame["cell.fault_label"] == fault)]
+        for strategy in order(frame.assign(way=ways), "way"):
+            mine = frame[(ways == strategy) & (frame["cell.fault_label"] == fault)]
             if mine.empty:
                 continue
             mine_ok = ok.loc[ok.index.intersection(mine.index)]

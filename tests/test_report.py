@@ -245,3 +245,19 @@ def test_report_says_where_and_when_the_limits_were_measured(summary, tmp_path):
     assert "1 of 6 finished cells ran under another snapshot (S0)" in html
     env = pd.read_csv(tmp_path / "report" / "environment.csv")
     assert "snapshot" in set(env["key"]) and "(median of the runs" not in html
+
+
+def test_torchruns_and_nvrxs_restarts_are_rows_of_their_own_compared_with_our_restart():
+    from reports.tables import headline_faults, way
+
+    kill = "kill.phase=before_forward"
+    rows = [{"cell": f"c{i}", "cell.strategy": "sync", "cell.fault": "kill", "cell.fault_label": kill,
+             "cell.recovery": rec, "cell.supervisor.launcher": launcher, "state": "ok", "status": "ok",
+             "recovered": True, "recovery_time_s": t, "lost_steps": 3, "goodput": 0.2, "matches_reference": True}
+            for i, (rec, launcher, t) in enumerate([("restart", "local", 2.0), ("restart", "local", 2.2),
+                                                    ("restart", "torchrun", 3.0), ("nvrx_inprocess", "local", 1.0)])]
+    frame = pd.DataFrame(rows)
+    assert list(way(frame)) == ["sync", "sync", "sync (torchrun)", "sync (nvrx_inprocess)"]
+    table = headline_faults(frame).set_index("strategy")
+    assert table.loc["sync", "recovery_time_s"] == pytest.approx(2.1)  # ours alone, not torchrun's mixed in
+    assert table.loc["sync (torchrun)", "recovery_time_s_vs_sync"] == pytest.approx(3.0 / 2.1)
