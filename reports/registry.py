@@ -103,7 +103,7 @@ for _figure in (
     Measured("sharded", "Sharded training: FSDP and HSDP", "reports.sharded:sharded",
              note="reports.sharded:sharded_note",
              caption="Checkpoint save (training-visible stall) and load after a fault per parallel setting, shard "
-                     "count, strategy and fault (medians; bars: 95% CI, or the runs' range where n < 6)."),
+                     "count, strategy and fault (medians; bars: the median's interval, 95% from 6 runs, else the runs' range at its own level: 75% at n=3)."),
     Projected("goodput_vs_interval", "projection_interval_sweep.csv",
               "Projection: goodput against the checkpoint interval per strategy at the scenario's size; the star "
               "marks each strategy's optimal interval. Look at the height and the width of each peak: a flat peak "
