@@ -119,7 +119,8 @@ def sharded(summary: pd.DataFrame):
         return empty("Sharded training", why), data
     fig, ax = plt.subplots(figsize=(9, 0.7 * len(shown) + 1.5))
     interval_bars(ax, shown, ["save_s", "load_s"], [_label(r) for _, r in shown.iterrows()])
-    ax.set(xlabel="seconds (median of ok, quiet runs; bar: the median's interval, 95% from 6 runs, else the runs' range at its level)")
+    ax.set(xlabel="seconds (median of ok, quiet runs; bar: the median's interval, 95% from 6 runs, "
+                  "else the runs' range at its level)")
     fig.tight_layout()
     return fig, data
 
