@@ -51,7 +51,8 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
         parts.append(section(name, spec.title, render_template(
             "measured.html.j2", figure=figure(png, spec.title, spec.caption_text(), f"{name}.csv"),
             note=Markup(note(summary)) if note else "")))
-    measured = tables.headline_strategies(summary, limits).dropna(subset=["ckpt_stall_s"])["strategy"].tolist()
+    fitted = tables.headline_strategies(summary, limits).dropna(subset=["ckpt_stall_s"])
+    measured = dict(zip(fitted["strategy"], fitted["ckpt_stall_s_n"]))  # strategy -> its checkpoints measured
     parts += [_environment(summary, limits, environment, out), _methods(), _projection(projection_status, measured)]
     atomic_write_bytes(out_html, page(f"resilience-bench report: {matrix['name']}", "".join(parts)).encode())
     return out_html
@@ -136,7 +137,7 @@ def _methods() -> Markup:
     return section("methods", "Methods", body)
 
 
-def _projection(status_path: Path | None, measured: list[str]) -> Markup:
+def _projection(status_path: Path | None, measured: dict[str, int]) -> Markup:
     status = json.loads(status_path.read_text()) if status_path and status_path.exists() else None
     title = "Projection to cluster scale (model output)"
     context: dict[str, Any] = {"caption": caption("projection"), "status": status, "figures": [], "summary": None}
@@ -150,8 +151,8 @@ def _projection(status_path: Path | None, measured: list[str]) -> Markup:
         summary_csv = folder / "projection_summary.csv"
         if status.get("ok") and summary_csv.exists():
             proj = pd.read_csv(summary_csv)
-            proj.insert(1, "costs", ["fitted from this matrix" if s in measured else "scenario default (assumption)"
-                                     for s in proj["strategy"]])
+            proj.insert(1, "costs", [f"fitted from this matrix (n={int(measured[s])} runs)" if s in measured
+                                     else "scenario default (assumption)" for s in proj["strategy"]])
             shown = [c for c in PROJECTION_COLUMNS if c in proj.columns]
             if "goodput_shown" in shown:  # goodput to the failure band's precision, not 3 digits (reports/project.py)
                 shown = [c for c in shown if c not in ("goodput_closed_form", "goodput_monte_carlo")]

@@ -111,12 +111,15 @@ def test_a_checkpoint_of_2_shards_loads_on_4_ranks_as_the_saved_global_state(tmp
 @pytest.mark.timeout(600)
 def test_a_node_lost_and_returned_trains_on_2_ranks_then_4(tmp_path):
     """The node of ranks 0-1 is lost at step 6 and back at once: 2 ranks resume from step 4, the job grows back after
-    the step-8 checkpoint and ends on 4 ranks; no process or shared memory is left."""
+    the step-8 checkpoint and ends on 4 ranks; no process or shared memory is left. On a quiet host the survivors exit
+    (code 1) within the poll that sees the node's ranks killed: only the killed ranks' node may be dropped. The steps
+    after the grow leave the supervisor time to see the step-8 commit."""
     r = run_experiment(tmp_path / "grow", "parallel=fsdp", "workload=gpt_tiny", "strategy=sync", *NODE,
-                       "fault.at_step=6", "fault.return_after_s=0", "recovery=grow", "steps=12", "checkpoint.every=4",
+                       "fault.at_step=6", "fault.return_after_s=0", "recovery=grow", "steps=24", "checkpoint.every=4",
                        "seed=0", "detector=[process_exit]", timeout=500)
     assert r["status"] == "ok" and r["recovered"] and r["attempts"] == 3
-    assert [(s["world_size"], s["first_step"], s["last_step"]) for s in r["world_sizes"]] == \
-        [(4, 1, 6), (2, 5, 8), (4, 9, 12)]
+    sizes = [(s["world_size"], s["first_step"], s["last_step"]) for s in r["world_sizes"]]
+    # the 2 ranks may step past the boundary before the supervisor stops them: those steps are replayed at 4
+    assert sizes[0] == (4, 1, 6) and sizes[1][:2] == (2, 5) and sizes[1][2] >= 8 and sizes[2] == (4, 9, 24)
     assert [(e["direction"], e["world_size"], e["step"]) for e in r["world_resizes"]] == [("down", 2, 4), ("up", 4, 8)]
-    assert r["steps_completed"] == 12 and r["grow_s"]["load"] > 0
+    assert r["steps_completed"] == 24 and r["grow_s"]["load"] > 0

@@ -55,7 +55,9 @@ class ObservedAgent(LocalElasticAgent):
             exited = self._failed_exit_codes(worker_group)
             if exited:
                 self._reported = True
-                self._failed = sorted(exited)
+                # The ranks a signal ended: survivors whose peers vanished exit on their own (code 1) within the
+                # same poll on a quiet host, and counting them as failed would drop their node too.
+                self._failed = sorted([r for r, code in exited.items() if code < 0] or exited)
                 self._observer.exited(exited)
                 self._resume_all()  # the agent's poll is about to stop the others
             else:
