@@ -53,6 +53,10 @@ class RankGroup:
 
     def join(self) -> None:
         """Form the group of this process's generation."""
+        if dist.is_initialized():
+            # An in-process restart's earlier attempt whose abort left the default group registered (seen once in
+            # CI: NVRx's next iteration then failed with "initialize the default process group twice"): drop it.
+            dist.destroy_process_group()
         if self.solo:
             dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout)
         elif self.store is None:
