@@ -80,3 +80,15 @@ def pytest_collection_modifyitems(items) -> None:
         runs = code is not None and "run_experiment" in code.co_names
         if item.module.__name__ in E2E_MODULES or runs or {"reference", "runs_root"} & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+
+
+def refusal(tmp_path, overrides) -> str:
+    """The error a configuration is refused with, checked as the command checks it before anything starts."""
+    from resilience.__main__ import precheck
+    from resilience.config import ConfigError, check_group_choices
+
+    argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
+    with pytest.raises(ConfigError) as info:
+        check_group_choices(argv)
+        precheck(argv)
+    return str(info.value)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import sharded_ranks
-from conftest import run_experiment
+from conftest import refusal, run_experiment
 from sharded_ranks import spawn
 from resilience.__main__ import precheck
-from resilience.config import ConfigError, check_group_choices
+from resilience.config import check_group_choices
 from resilience.recovery.grow import Grow
 from resilience.record.world import world_sizes
 from resilience.supervise.elastic import EventTail
@@ -32,11 +32,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("overrides,setting,allowed", REFUSED, ids=[r[1] for r in REFUSED])
 def test_what_cannot_grow_back_is_one_clear_line(tmp_path, overrides, setting, allowed):
-    argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
-    with pytest.raises(ConfigError) as info:
-        check_group_choices(argv)
-        precheck(argv)
-    line = str(info.value)
+    line = refusal(tmp_path, overrides)
     assert "\n" not in line and setting in line and allowed in line, line
 
 
