@@ -37,6 +37,7 @@ def test_matrix_row_from_the_cells_done_records(tmp_path):
         (tmp_path / "runs" / f"c{i}" / "done.json").write_text(json.dumps({"started": started, "elapsed_s": elapsed}))
     (row,) = speed.matrix_row(tmp_path)
     assert (row.value, row.verdict) == ("15.0 min", speed.MET)  # 1000 s .. 1900 s
+    assert str(tmp_path) not in row.note  # docs quote the note: no path of this host in them
 
 
 def test_cell_phases_partition_the_wall_time():

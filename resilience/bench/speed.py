@@ -82,9 +82,10 @@ def matrix_row(results: Path) -> list[Row]:
     span_min = (max(d["started"] + d["elapsed_s"] for d in done) - start) / 60
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start))
     noisy = sum(d.get("validity") == "noisy" for d in done)
+    where = f"results/{results.name}" if results.parent.name == "results" else results.name  # no host path in docs
     return [Row(figure, f"{span_min:.1f} min", goal, span_min <= 15,
-                f"last pipeline run in {results} ({when}): {len(done)} cells' span from their done.json, the "
-                f"probe and report not included; {noisy} cell(s) noisy (measured on a busy host)")]
+                f"last pipeline run in {where} ({when}): {len(done)} cells' span from their done.json, the probe "
+                f"and report not included; {noisy} of them noisy (other processes' CPU over validity's limit)")]
 
 
 def sync_write_rows(out: Path, quick: bool) -> list[Row]:
