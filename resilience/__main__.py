@@ -69,7 +69,7 @@ def main(cfg: DictConfig) -> None:
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
     supervisor = supervisor_for(cfg, config_path, roles)
-    for caveat in getattr(supervisor, "caveats", list)():
+    for caveat in [*roles.policy.caveats(roles.injector), *getattr(supervisor, "caveats", list)()]:
         print(f"warning: {caveat}", file=sys.stderr, flush=True)
     outcome = supervisor.run()
     result = write_result(run_dir)

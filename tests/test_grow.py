@@ -42,6 +42,19 @@ def test_grow_on_fsdp_with_a_returning_node_passes(tmp_path):
     precheck(argv)
 
 
+def test_a_return_only_grow_acts_on_is_said_by_the_others():
+    from injectors.node_loss import NodeLoss
+    from resilience.recovery.restart import RestartAll
+    from resilience.recovery.shrink import Shrink
+
+    back, gone = NodeLoss(rank=1, return_after_s=20), NodeLoss(rank=1)
+    for policy in (RestartAll(max_restarts=3), Shrink(max_restarts=3, ranks_per_node=2)):
+        (line,) = policy.caveats(back)
+        assert "fault.return_after_s=20" in line and f"recovery={policy.name}" in line and "recovery=grow" in line
+        assert policy.caveats(gone) == []
+    assert Grow(max_restarts=3, return_after_s=20).caveats(back) == []
+
+
 def _event(kind: str, t: float, attempt: int = 1, rank: int | None = 0, step: int = 0, **fields) -> dict:
     return {"kind": kind, "t_mono": t, "attempt": attempt, "rank": rank, "step": step, **fields}
 

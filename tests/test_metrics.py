@@ -122,3 +122,12 @@ def test_our_replica_waiting_has_no_reduced_width_step_and_is_held_to_the_bit_ex
     r = compute_result(log, {**RUN, "strategy": "replica", "steps": 5})
     assert r["while_replacing"] == "wait" and r["reduced_width_steps"] == 0 and r["bit_exact"] is None
     assert r["quorum_detection_s"] is None and abs(r["survivors_stall_s"] - 0.7) < 1e-9
+
+
+def test_a_node_loss_names_the_configured_rank_not_the_first_recorder():
+    """Each rank of the lost node records the fault; rank 0 of node 0 may write first, fault.rank=1 was set."""
+    log = recovered_log()
+    i = next(i for i, e in enumerate(log) if e["kind"] == "fault_injected")
+    node = {"fault": "node_loss", "target_rank": 1, "node_ranks": [0, 1]}
+    log[i:i + 1] = [ev(2.6, "fault_injected", rank=0, step=3, **node), ev(2.6, "fault_injected", rank=1, step=3, **node)]
+    assert compute_result(log, RUN)["fault_rank"] == 1

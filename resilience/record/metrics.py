@@ -117,7 +117,8 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
     out: dict[str, Any] = {
         "fault_injected": fault is not None,
         "fault_step": fault["step"] if fault else None,
-        "fault_rank": fault["rank"] if fault else None,
+        # the configured rank: a node loss is recorded by each of the node's ranks, the first of them not always it
+        "fault_rank": fault.get("target_rank", fault["rank"]) if fault else None,
         **_detection(events, fault),
         "recovered": False, "recovery_time_s": None, "mttr_s": None, "lost_work_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},

@@ -26,6 +26,13 @@ class RecoveryPolicy(Named):
     def __init__(self, max_restarts: int) -> None:
         self.max_restarts = require_int("recovery.max_restarts", max_restarts, 0)
 
+    def caveats(self, injector) -> list[str]:
+        """What the fault's settings ask of recovery that this policy does not do (said at launch, never silently
+        ignored): a node that returns (``fault.return_after_s``) is taken back only by ``recovery=grow``."""
+        back = getattr(injector, "return_after_s", None)
+        return [] if back is None else [f"fault.return_after_s={back:g}: recovery={self.name} does not take a "
+                                        f"returning node back (recovery=grow does); the setting has no effect here"]
+
     def run_attempts(self, attempt: Callable[[bool], None], run_dir: Path) -> None:
         """Run this rank's training attempts in this process: ``attempt(again)`` trains once (``again``: not the
         process's first); a failure raises out of it. Here: one attempt, a failure ends the process (the supervisor

@@ -29,6 +29,9 @@ class Grow(Shrink):
         self.return_after_s = require_number("fault.return_after_s", return_after_s, at_least=0)
         self.lost_at: float | None = None  # t_mono of the loss being waited out (its fault_injected record)
 
+    def caveats(self, injector) -> list[str]:
+        return []  # the node's return is what this policy acts on
+
     def check_resharding(self, world_size: int, roles: Any) -> None:
         """Refuse what cannot go down to the survivors' size and back up through a resharded checkpoint."""
         strategy = roles.strategy
