@@ -39,6 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_blocks,
                                  parse_excludes, parse_overrides, parse_reference)
 from resilience.config import GROUPS, ConfigError, resolve
+from resilience.schema import explain
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MATRIX_DIR = CONF_DIR / "matrix"
@@ -172,7 +173,8 @@ def check_cells(matrix: Matrix, conf_dir: Path = CONF_DIR) -> None:
                 # Nothing is created: the run directory only names where the checkpoints would go.
                 resolve(cfg, Path(tempfile.gettempdir()) / "rb-matrix-check" / cell.name, choices)
             except (ConfigError, HydraException, OmegaConfBaseException) as exc:
-                first = next((s for s in str(exc).splitlines() if s.strip()), type(exc).__name__)
+                # a typed setting's wrong value reads as the command says it (``steps=abc: must be an integer``)
+                first = explain(exc) or next((s for s in str(exc).splitlines() if s.strip()), type(exc).__name__)
                 raise MatrixError(f"matrix {matrix.name}: cell {cell.name}: {first}") from None
 
 

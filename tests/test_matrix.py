@@ -190,6 +190,12 @@ def test_every_cell_is_checked_as_the_command_checks_it(fault, expected):
         check_cells(matrix)
 
 
+def test_a_wrong_type_in_the_overrides_is_the_command_s_one_line():
+    matrix = expand(spec(overrides={"timeouts.collective_s": "fast"}), name="bad")
+    with pytest.raises(MatrixError, match=r"cell .*: timeouts.collective_s=fast: must be a number"):
+        check_cells(matrix)
+
+
 # Every shipped matrix passing the check is tests/test_pipeline.py's dry run of each (the Snakefile checks every
 # cell before planning): not repeated here (15 s of the suite).
 
