@@ -10,6 +10,10 @@ writes a share.
 
 ``async_take`` returns once the state is staged (the stall); ``wait()`` on the pending snapshot, in the persist
 thread, is when the files are written; the ``during_checkpoint`` hook fires then, before the commit.
+
+Sharded state (``parallel=fsdp|hsdp``, FSDP2's ``DTensor``s) is refused before launch: 0.1.0 has preparers for plain
+tensors and ``ShardedTensor`` (FSDP1) only, so it takes each ``DTensor`` for a whole tensor of the global shape and
+its staging raises on every rank (``tests/sharded_torchsnapshot_probe.py``; ``sharded_refusal`` says it in one line).
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ class TorchSnapshotCheckpoint(PeerStrategy, BackgroundCheckpoint):
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0) -> None:
         super().__init__(every, keep, when_busy, timeout_s)
         self.choose_patches("none")
+
+    def sharded_refusal(self) -> str:
+        """Why this strategy cannot save FSDP2's sharded state (for the parallel setting's one-line refusal)."""
+        # found with tests/sharded_torchsnapshot_probe.py: take and async_take, with and without replicated=["**"]
+        return ("torchsnapshot 0.1.0 has no DTensor support: it takes each rank's DTensor shard for a whole tensor "
+                "of the global shape and its save raises on every rank (.numpy() is not supported for tensor "
+                "subclasses)")
 
     def attach(self, rt) -> None:
         super().attach(rt)
