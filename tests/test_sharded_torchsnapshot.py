@@ -3,16 +3,17 @@
 
 The library has no ``DTensor`` preparer in 0.1.0 (its tensor, chunked-tensor, ``ShardedTensor`` and object ones
 only), so a ``DTensor`` takes the plain-tensor path: an entry of the global shape, then a staging that raises. The
-fast tests show it on one in-process rank; the slow one runs ``sharded_torchsnapshot_probe`` on 4 gloo ranks (take
-and async_take, with and without ``replicated=["**"]``). A later torchsnapshot with DTensor support fails them on
-purpose: the refusal is then to be lifted, not these assertions.
+fast test shows the entry on one in-process rank; the slow one runs ``sharded_torchsnapshot_probe`` on 4 gloo ranks
+(take and async_take, with and without ``replicated=["**"]``). The failing save runs in those rank processes only:
+in this process it left CPython 3.11.7's ``ast.parse`` raising ``SystemError: AST constructor recursion depth
+mismatch`` until the next garbage collection, which failed tests/test_house.py after it. A later torchsnapshot with
+DTensor support fails these tests on purpose: the refusal is then to be lifted, not these assertions.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import re
 
 import pytest
 import torch.distributed as dist
@@ -49,14 +50,6 @@ def test_a_dtensor_is_taken_for_a_plain_tensor(fsdp2_state):
     assert isinstance(param, DTensor)
     entry, _ = prepare_write(param, probe.PARAM, rank=0, replicated=False)
     assert entry.type == "Tensor" and entry.shape == list(param.shape)  # no shard offsets: a whole tensor
-
-
-# the library leaves its other staging and write coroutines unfinished when one raises (Python reports them)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_saving_fsdp2_state_raises(fsdp2_state, tmp_path):
-    with pytest.raises(RuntimeError, match=re.escape(RAISED)):
-        ts.Snapshot.take(str(tmp_path / "snap"), {"train": fsdp2_state})
-    assert not (tmp_path / "snap" / ".snapshot_metadata").exists()  # nothing a restore could open
 
 
 def test_the_strategy_refuses_sharded_state_and_says_why():

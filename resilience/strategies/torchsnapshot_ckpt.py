@@ -39,9 +39,8 @@ class TorchSnapshotCheckpoint(PeerStrategy, BackgroundCheckpoint):
     def sharded_refusal(self) -> str:
         """Why this strategy cannot save FSDP2's sharded state (for the parallel setting's one-line refusal)."""
         # found with tests/sharded_torchsnapshot_probe.py: take and async_take, with and without replicated=["**"]
-        return ("torchsnapshot 0.1.0 has no DTensor support: it takes each rank's DTensor shard for a whole tensor "
-                "of the global shape and its save raises on every rank (.numpy() is not supported for tensor "
-                "subclasses)")
+        return ("torchsnapshot 0.1.0 has no DTensor support (FSDP2's shards are taken for whole tensors and every "
+                "rank's save raises: .numpy() is not supported for tensor subclasses)")
 
     def attach(self, rt) -> None:
         super().attach(rt)
