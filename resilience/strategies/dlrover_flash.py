@@ -40,10 +40,13 @@ import torch
 import torch.distributed as dist
 
 from resilience.checks import require_int
+from resilience.ckpt.snapshot import is_sharded
 from resilience.record.fsio import atomic_write_json
 from resilience.runtime import NodeMemory
 from resilience.state import TrainState, map_tensors, state_crc32, tensor_bytes
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
+from resilience.strategies.dlrover_layout import RANK0, TWINS, has_twins
+from resilience.strategies.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
 
 RUN_ID_FILE = "dlrover_run_id"
@@ -53,6 +56,8 @@ TRACKER = "dlrover_latest.txt"
 POLL_S = 0.05
 AGENT_ROLE = "dlrover-trainer"  # what dlrover-run's agent sets in its workers' environment
 SAVERS = ("agent", "rank")
+CLONE = "clone_loaded_state"
+SHARDED_API = "FsdpCheckpointEngine (the engine; its wrapper FsdpShardCheckpointer calls FSDP1 APIs)"
 
 def _saver_in_rank() -> bool:
     """The library starts its saver from the rank (no agent holds one: DLRover's engine looks at ``ROLE_NAME``)."""
@@ -75,7 +80,15 @@ PATCHES = (
           "memory save overwrites", lambda: True, lambda: None),
     Patch("saver_by_forkserver", "the saver process forked from a multi-threaded rank can hang before it serves its "
           "sockets (the rank waits 60 s and fails)", _saver_in_rank, _saver_by_forkserver),
+    # Sharded state (dlrover_sharded.py, dlrover_layout.py): what we hand the FSDP engine, applied in our code.
+    Patch(RANK_IN_CONFIG, "the FSDP engine records rank 0 for every shard, so the saver's commit never sees W done "
+          "files and blocks for save_timeout", lambda: True, lambda: None),
+    Patch(RANK0, "the FSDP engine's memory reader takes unsharded values from rank 0's copy, and DCP writes each on "
+          "the least loaded rank: only rank 0 hands them over", lambda: True, lambda: None),
+    Patch(TWINS, "HSDP: DCP writes a shard held in every replica group once, and each rank reads its own segment: "
+          "each group's shards under keys of its own", lambda: True, lambda: None),
 )
+ONLY_FOR = {CLONE: "whole", RANK_IN_CONFIG: "sharded", RANK0: "sharded", TWINS: "twins"}  # where a patch matters
 
 
 class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
@@ -93,17 +106,41 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         self.choose_patches(patches)
         self._fingerprints: dict[str, int] = {}
 
+    def handles_sharded_state(self) -> bool:
+        return True  # through DLRover's FSDP engine (dlrover_sharded.py)
+
     def attach(self, rt) -> None:
         super().attach(rt)
-        lib = self.library.load()
-        self.applied = self.applied_patches()
-        self.declare(self.applied, persist_every=self.persist_every,
-                     saver="supervisor, as dlrover-run's agent" if self.saver == "agent" else "rank's child process")
+        self.library.load()
         if rt.rank == 0:
             (rt.run_dir / RUN_ID_FILE).write_text(os.environ.get("TORCHELASTIC_RUN_ID", ""))
-        self.storage_type = lib.StorageType
-        self.checkpointer = lib.DdpCheckpointer(str(rt.ckpt_dir), comm_backend="gloo")
+        self.checkpointer = self.sharded = None  # opened by the first load, which sees the state
         self._fingerprints = _read_fingerprints(rt.ckpt_dir)
+
+    def load(self, state: TrainState) -> int:
+        """Open DLRover's engine for the state it will hold (a sharded model: its FSDP engine), then load."""
+        if self.checkpointer is None and self.sharded is None:
+            self._open(state)
+        return super().load(state)
+
+    def _open(self, state: TrainState) -> None:
+        lib = self.library.load()
+        params = list(state.model.parameters())
+        sharded = any(is_sharded(p) for p in params)
+        # Declared where they matter: a sharded load copies into tensors of ours (nothing aliases the segment).
+        kinds = {"whole": not sharded, "sharded": sharded, "twins": has_twins(params)}
+        self.patches = [p for p in self.patches if kinds.get(ONLY_FOR.get(p.name), True)]
+        self.applied = self.applied_patches()
+        settings = {"persist_every": self.persist_every,
+                    "saver": "supervisor, as dlrover-run's agent" if self.saver == "agent" else "rank's child process"}
+        if sharded:
+            settings["api"] = SHARDED_API
+        self.declare(self.applied, **settings)
+        self.storage_type = lib.StorageType
+        if sharded:
+            self.sharded = ShardedFlash(self.rt.ckpt_dir, self.timeout_s, {p.name for p in self.applied})
+        else:
+            self.checkpointer = lib.DdpCheckpointer(str(self.rt.ckpt_dir), comm_backend="gloo")
 
     def _path(self, step: int) -> Path:
         return self.dirs.path_for(step) / "rank_0.pt"
@@ -113,20 +150,28 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         persist = (step // self.every) % self.persist_every == 0
         if persist:
             self.wait()  # one disk write at a time, inside the stall (as ``when_busy=wait``)
-            if self.rt.rank == 0:
+            if self.rt.rank == 0 and self.sharded:
+                self.sharded.clear(self.dirs.path_for(step))
+            elif self.rt.rank == 0:
                 self.dirs.prepare(step)
             dist.barrier()
         sd = {**state.state_dict(), "step": step}
         kind = self.storage_type.DISK if persist else self.storage_type.MEMORY
         t0 = time.monotonic()
-        self.checkpointer.save_checkpoint(step, sd, str(self._path(step)), storage_type=kind)
+        if self.sharded:  # every rank copies its shards into its own segment
+            copied = {"copied": self.sharded.save(step, sd, self.dirs.path_for(step), persist)}
+        else:
+            self.checkpointer.save_checkpoint(step, sd, str(self._path(step)), storage_type=kind)
+            copied = {}
         if self.rt.rank == 0:  # the node's first rank copies into the segment (DLRover may skip a busy one)
-            self.rt.events.emit("ckpt_memory_saved", step=step, duration_s=time.monotonic() - t0)
+            self.rt.events.emit("ckpt_memory_saved", step=step, duration_s=time.monotonic() - t0, **copied)
         if not persist:  # the memory copy is made, our record of it not yet: the middle of this save
             self.rt.fault_hook("during_checkpoint", step)
         t0 = time.monotonic()
-        if self.rt.rank == 0:  # what a load of this step must reproduce (every rank holds the same state)
-            self._fingerprints = {**self._fingerprints, str(step): state_crc32(sd)}
+        # What a load of this step must reproduce: the state (DDP: every rank holds the same), or each rank's shards.
+        fingerprint = self.sharded.fingerprint(sd) if self.sharded else state_crc32(sd) if self.rt.rank == 0 else None
+        if self.rt.rank == 0:
+            self._fingerprints = {**self._fingerprints, str(step): fingerprint}
             self._fingerprints = dict(list(self._fingerprints.items())[-FINGERPRINTS_KEPT:])
             atomic_write_json(self.rt.ckpt_dir / FINGERPRINTS, self._fingerprints)
         dist.barrier()  # the fingerprint is on disk before any rank goes on (and may die)
@@ -138,14 +183,21 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         tracker, deadline = self.rt.ckpt_dir / TRACKER, time.monotonic() + self.timeout_s
 
         def written() -> None:  # DLRover's saver records the step once the file is on disk
-            while _tracked_step(tracker) != step:
+            while not self._persisted(step, _tracked_step(tracker)):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"DLRover's saver did not persist step {step} in {self.timeout_s} s")
                 time.sleep(POLL_S)
+            if self.sharded and self.rt.rank == 0:
+                self.sharded.check_written(self.dirs.path_for(step))
 
         return self._commit_when_written(step, written)
 
+    def _persisted(self, step: int, tracked: int | None) -> bool:
+        return self.sharded.persisted(step, tracked) if self.sharded else tracked == step
+
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
+        if self.sharded:
+            return self._load_shards(state)
         entry = self.agreed_entry()  # the newest disk checkpoint that passes our commit record's check
         step, sd = self._from_memory()
         source = "memory"
@@ -157,11 +209,34 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             sd, source = self.checkpointer.load_checkpoint(resume_path=str(self._path(entry.step))), "disk"
             if not self._verified(entry.step, sd):
                 raise RuntimeError(f"step {entry.step}: DLRover loaded a state that differs from the one saved")
-        elif self.applied:
+        elif any(p.name == CLONE for p in self.applied):
             sd = map_tensors(torch.Tensor.clone, sd)  # clone_loaded_state
         step = int(sd.pop("step"))
         state.load_state_dict(sd)
         return step, source, self.dirs.size(entry) if source == "disk" else tensor_bytes(sd)
+
+    def _load_shards(self, state: TrainState) -> tuple[int, str, int] | None:
+        """As ``_load``, each rank its own shards: the memory copy where every rank holds it and every rank's
+        passes its fingerprint, else the newest committed disk checkpoint (each verified the same way)."""
+        flash, entry = self.sharded, self.agreed_entry()
+        if entry is None and not flash.memory_held():
+            return None  # nothing to load: the fresh state stays untouched
+        loaded = flash.load(state, entry.path if entry else self.rt.ckpt_dir / "no-committed-checkpoint")
+        if loaded is None:
+            return None
+        source, sd = loaded
+        if source == "memory" and (entry is not None and sd["step"] < entry.step
+                                   or not self._verified(int(sd["step"]), sd)):
+            if entry is None:  # the load initialised the optimizer's state (a zero-lr step): fresh again
+                state.optimizer.state.clear()
+                return None
+            sd, source = flash.load_disk(state, entry.path), "disk"
+        if source == "disk" and not self._verified(entry.step, sd):
+            raise RuntimeError(f"step {entry.step}: DLRover loaded shards that differ from the ones saved")
+        step = int(sd.pop("step"))
+        nbytes = self.dirs.size(entry) if source == "disk" else flash.loaded_bytes(sd)
+        state.load_state_dict(sd)
+        return step, source, nbytes
 
     def _from_memory(self) -> tuple[int, dict]:
         """What the library's ``load_checkpoint`` takes first: the shared-memory copy, if one survived (its
@@ -181,8 +256,10 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             reason = f"newer than the rollback bound (step {bound})"
         elif expected is None:
             reason = "no fingerprint was recorded for this step"
-        elif state_crc32(sd) != expected:
+        elif not (self.sharded.matches(expected, sd) if self.sharded else state_crc32(sd) == expected):
             reason = "the loaded state differs from its fingerprint"
+        if self.sharded and not self.sharded.agree(reason is None) and reason is None:
+            reason = "another rank's shards differ from their fingerprint"  # all load the same copy, or none
         if reason is not None:
             self.rt.events.emit("ckpt_rejected", step=step, path="dlrover", reason=reason, fsync=True)
         return reason is None
@@ -195,7 +272,8 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         return _NodeCopy(self)
 
     def _forget_memory(self) -> None:
-        handler = self.checkpointer._engine._shm_handler  # this node's shard (DDP: shard 0, every local rank's)
+        # DDP: this node's shard 0, every local rank's; sharded: this rank's own segment (each victim wipes its own)
+        handler = self.sharded.memory if self.sharded else self.checkpointer._engine._shm_handler
         handler.metadata.set({})
         if handler.shared_memory is None:
             handler.init_shared_memory(create=False)
@@ -219,6 +297,8 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         checkpointer = getattr(self, "checkpointer", None)
         if checkpointer is not None:
             checkpointer._engine.close()
+        if getattr(self, "sharded", None) is not None:
+            self.sharded.close()
 
 
 class _NodeCopy:
