@@ -39,8 +39,9 @@ class FullyShardedParallel(Parallelism):
             raise ValueError(f"parallel={name}: the workload's embeddings have sparse gradients ({sparse[0]}, ...), "
                              f"which FSDP's reduce-scatter cannot shard; use parallel=ddp")
         if strategy.saves and not strategy.handles_sharded_state():
-            raise ValueError(f"parallel={name}: strategy={strategy.name} does not save sharded state; use "
-                             f"strategy=sync, async, inmemory or dcp_async (executor=thread)")
+            raise ValueError(f"parallel={name}: strategy={strategy.name} does not save sharded state "
+                             f"({strategy.sharded_refusal()}); use strategy=sync, async, inmemory, dlrover_flash, "
+                             f"nvrx_async_dcp or dcp_async (executor=thread)")
         if strategy.recovers_in_place and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} recovers in place with whole-model state "
                              f"(strategy=replica moves shards with while_replacing=wait); use parallel=ddp")

@@ -49,6 +49,10 @@ class CheckpointStrategy(Named, ABC):
         """Whether this strategy saves and loads a sharded model's state (each rank its shards: ``parallel=fsdp``)."""
         return False
 
+    def sharded_refusal(self) -> str:
+        """Why this strategy cannot save a sharded model's state: one clause for the parallel setting's refusal."""
+        return "it keeps whole-model copies"
+
     def agent_service(self) -> AgentService | None:
         """What this strategy runs in the supervisor process across rank restarts (None: nothing)."""
         return None
