@@ -4,21 +4,31 @@ Every checkpoint goes to shared memory (``StorageType.MEMORY``, a copy by the no
 a saver process holds); every ``persist_every``-th one also to disk (``StorageType.DISK``: the saver writes the
 segment to ``step_<n>/rank_0.pt`` in the background and records the step in ``dlrover_latest.txt``).
 
+Sharded state (``parallel=fsdp|hsdp``): DLRover's FSDP engine, which we call ourselves because its wrapper calls
+FSDP1 APIs (``dlrover_sharded.py``): every rank copies its own shards into a segment of its own, the saver writes
+each as ``step_<n>/__<rank>_0.distcp`` beside rank 0's DCP ``.metadata``; the fingerprint is per rank. The engine
+is chosen by the first load, which sees the state (attach does not).
+
 Where the saver lives (``strategy.saver``): ``agent`` (the default) hosts it in the supervisor process, started and
 reset exactly as ``dlrover-run``'s agent does (``ElasticTrainingAgent._invoke_run`` and ``_restart_workers``, DLRover
 0.6.1), so the shared memory outlives the ranks and a restarted rank loads from it; ``rank`` leaves it to the
 library, which then starts it as a child of the node's first rank (how DLRover runs without ``dlrover-run``): it
-dies with that rank, and recovery reads the newest disk checkpoint.
+dies with that rank, and recovery reads the newest disk checkpoint. Either way the saver's class comes from the
+ranks: the engine of local rank 0 sends it (``DdpCheckpointSaver``, or ``FsdpDcpSaver`` with one shard per local
+rank) through the factory queue that ``AsyncCheckpointSaver.start_async_saving_ckpt`` serves.
 
-Load: the library's own ``load_checkpoint``, which prefers the shared-memory copy when one survived the crash and
-reads the newest disk checkpoint otherwise. Both are verified here as every load is: the disk checkpoint by our
-commit record (sizes, CRC32s, this run's identity) before the library reads it; the loaded state by the CRC32
-fingerprint taken of the same state when it was saved (``fingerprints.json`` in the checkpoint directory; its
-time is in the stall and reported as ``fingerprint_s`` of ``ckpt_stall_end``). A state that does not match is rejected and the disk checkpoint loaded instead.
+Load: the library's own ``load_checkpoint`` (sharded: the engine's ``load``), which prefers the shared-memory copy
+when one survived the crash (on every rank, at the same step) and reads the newest disk checkpoint otherwise. Both
+are verified here as every load is: the disk checkpoint by our commit record (sizes, CRC32s, this run's identity)
+before the library reads it; the loaded state by the CRC32 fingerprint taken of the same state when it was saved
+(``fingerprints.json`` in the checkpoint directory; its time is in the stall and reported as ``fingerprint_s`` of
+``ckpt_stall_end``). A state that does not match is rejected and the disk checkpoint loaded instead.
 
-Workaround (``strategy.patches``): ``clone_loaded_state``: a state loaded from shared memory holds tensors that
-alias the library's segment (seen on torch 2.13, DLRover 0.6.1), which the next memory save overwrites in place;
-the patch copies what was loaded. ``patches=none`` runs the library as shipped.
+Workarounds (``strategy.patches``), each declared only where it matters: ``clone_loaded_state`` (DDP): a state
+loaded from shared memory holds tensors that alias the library's segment (seen on torch 2.13, DLRover 0.6.1),
+which the next memory save overwrites in place; the patch copies what was loaded. ``saver_by_forkserver``
+(``saver=rank``). Sharded: ``rank_in_shard_config`` (``dlrover_sharded.py``), ``unsharded_on_rank0`` and
+``twin_shards_apart`` (HSDP; ``dlrover_layout.py``). ``patches=none`` runs the library as shipped.
 
 Leftovers scoped to the run (``TORCHELASTIC_RUN_ID``, recorded in ``dlrover_run_id``): the shared-memory segments
 ``/dev/shm/<run id>_*`` and the socket directory ``<tmp>/ckpt_sock/<run id>``; ``clean_up_run`` removes them, and
@@ -45,6 +55,7 @@ from resilience.record.fsio import atomic_write_json
 from resilience.runtime import NodeMemory
 from resilience.state import TrainState, map_tensors, state_crc32, tensor_bytes
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
+from resilience.strategies.dlrover_agent import AGENT_ROLE, POLL_S, AgentSaver
 from resilience.strategies.dlrover_layout import RANK0, TWINS, has_twins
 from resilience.strategies.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
@@ -53,8 +64,6 @@ RUN_ID_FILE = "dlrover_run_id"
 FINGERPRINTS = "fingerprints.json"  # in the checkpoint directory: {step: CRC32 of the saved state}
 FINGERPRINTS_KEPT = 8
 TRACKER = "dlrover_latest.txt"
-POLL_S = 0.05
-AGENT_ROLE = "dlrover-trainer"  # what dlrover-run's agent sets in its workers' environment
 SAVERS = ("agent", "rank")
 CLONE = "clone_loaded_state"
 SHARDED_API = "FsdpCheckpointEngine (the engine; its wrapper FsdpShardCheckpointer calls FSDP1 APIs)"
@@ -268,7 +277,10 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         """What node_loss wipes. DLRover keeps one copy per host; the simulated nodes of this host share it, and a
         real node's loss takes that node's copy: its replacement starts with none, DLRover's step check across the
         ranks then fails and every rank loads from disk. The victim leaves what a replacement would find: empty
-        metadata and no segment."""
+        metadata and no segment. Sharded, each rank has a segment of its own and each victim wipes its own: the
+        lost node's shards are then on disk only (FSDP holds each once; under HSDP their twins are in the other
+        replica group's segments, which DLRover's reader does not read), and the same step check sends every rank
+        to disk."""
         return _NodeCopy(self)
 
     def _forget_memory(self) -> None:
@@ -307,41 +319,6 @@ class _NodeCopy:
 
     def destroy(self, node: int) -> None:
         self.strategy._forget_memory()
-
-
-class AgentSaver:
-    """DLRover's checkpoint saver in the supervisor process: the three calls ``dlrover-run``'s agent makes."""
-
-    role = AGENT_ROLE  # the ranks' engines see it (ROLE_NAME) and leave the saver to the agent
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._env: dict[str, str | None] = {}
-
-    def start(self, run_id: str, run_dir: Path) -> None:
-        # The saver's queues, locks and segments are named after the run id, which the agent gives the ranks too.
-        self._env = {"TORCHELASTIC_RUN_ID": os.environ.get("TORCHELASTIC_RUN_ID")}
-        os.environ["TORCHELASTIC_RUN_ID"] = run_id
-        from dlrover.python.elastic_agent.torch.ckpt_saver import AsyncCheckpointSaver
-
-        self._saver = AsyncCheckpointSaver
-        AsyncCheckpointSaver.start_async_saving_ckpt()
-
-    def before_restart(self) -> None:
-        self._saver.reset()  # the dead rank may have held the segment's lock
-
-    def close(self) -> None:
-        saver = self._saver.get_ckpt_saver() if self._env else None
-        deadline = time.monotonic() + self.timeout_s
-        while saver is not None and saver.wait_saving_checkpoint() and time.monotonic() < deadline:
-            time.sleep(POLL_S)  # a persist in flight finishes, as the agent waits before it exits
-        if saver is not None:
-            saver.close()
-        for key, value in self._env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _read_fingerprints(ckpt_dir: Path) -> dict[str, int]:

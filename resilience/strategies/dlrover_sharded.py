@@ -137,7 +137,8 @@ class ShardedFlash:
         stage directory (shard 0's thread names it earlier, before the other shards are written)."""
         return tracked == step and not (self.ckpt_dir / STAGE_DIR / f"{step}.done").exists()
 
-    def check_written(self, step_dir: Path) -> None:
+    @staticmethod
+    def check_written(step_dir: Path) -> None:
         """Rank 0, before the commit: every file that the saved ``.metadata`` points into is there, long enough."""
         with (step_dir / ".metadata").open("rb") as f:
             metadata = pickle.load(f)
@@ -147,7 +148,7 @@ class ShardedFlash:
         for name, size in sorted(need.items()):
             path = step_dir / name
             if not path.is_file() or path.stat().st_size < size:
-                raise RuntimeError(f"DLRover's saver named step_dir {step_dir.name} persisted, but {name} "
+                raise RuntimeError(f"DLRover's saver reported {step_dir.name} persisted, but {name} "
                                    f"{'is missing' if not path.is_file() else 'is short'} (needs {size} bytes)")
 
     @property
@@ -156,7 +157,10 @@ class ShardedFlash:
         return self.engine._shm_handler
 
     def close(self) -> None:
-        self.engine.close()
+        try:
+            self.engine.close()
+        except BufferError:  # a failed read's frames still hold views of the segment: the exit unmaps it
+            pass
 
 
 def local_crc32(sd: dict[str, Any]) -> int:
