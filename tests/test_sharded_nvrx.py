@@ -48,8 +48,9 @@ def test_as_shipped_the_request_carries_the_librarys_own_preload():
 
 @pytest.mark.parametrize("overrides", [("parallel=fsdp", "strategy=nvrx_async_dcp"),
                                        ("parallel=hsdp", "world_size=4", "strategy=nvrx_async_dcp"),
-                                       ("parallel=fsdp", "strategy=nvrx_async")])
-def test_nvrx_runs_with_sharded_state(tmp_path, overrides):
+                                       ("parallel=fsdp", "strategy=nvrx_async_dcp", "fault=node_loss",
+                                        "fault.ranks_per_node=2", "fault.rank=1", "recovery=shrink")])
+def test_nvrx_async_dcp_runs_with_sharded_state_and_reshards(tmp_path, overrides):
     argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
     check_group_choices(argv)
     precheck(argv)
@@ -58,13 +59,6 @@ def test_nvrx_runs_with_sharded_state(tmp_path, overrides):
 def test_an_unknown_patch_is_one_clear_line(tmp_path):
     line = refusal(tmp_path, ("strategy=nvrx_async_dcp", "strategy.patches=[x]"))
     assert "\n" not in line and "strategy.patches=[x]" in line and "cpu_staging_copy" in line, line
-
-
-def test_nvrx_async_per_rank_files_do_not_reshard(tmp_path):
-    """nvrx_async's torch.save files hold each old rank's shards: a shrink to fewer ranks is refused."""
-    line = refusal(tmp_path, ("parallel=fsdp", "strategy=nvrx_async", "fault=node_loss", "fault.ranks_per_node=2",
-                              "fault.rank=1", "recovery=shrink"))
-    assert "\n" not in line and "recovery=shrink" in line and "strategy=nvrx_async cannot" in line, line
 
 
 COMMON = ("world_size=4", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
