@@ -47,6 +47,8 @@ class ShardedFlash:
         self.ckpt_dir, self.lib, self.patches = ckpt_dir, fsdp_engine, patches
         # Local rank 0 sends the saver's class (``FsdpDcpSaver``, one shard per local rank) through the factory
         # queue that ``AsyncCheckpointSaver.start_async_saving_ckpt`` serves: in the agent or the rank's child.
+        # ``save_timeout`` (the saver's commit; 600 s by default) is our wait for the saver, so that the library as
+        # shipped, whose commit never completes (``rank_in_shard_config``), holds its saver no longer than we wait.
         self.engine = fsdp_engine.FsdpCheckpointEngine(str(ckpt_dir), get_checkpoint_storage(), comm_backend="gloo",
                                                        save_timeout=int(timeout_s))
 
