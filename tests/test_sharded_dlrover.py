@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import run_experiment
+from conftest import refusal, run_experiment
 from resilience.__main__ import precheck
 from resilience.config import check_group_choices
 from resilience.record.events import read_events
@@ -114,3 +114,10 @@ def test_hsdp_killed_in_a_save_restores_every_rank_from_dlrovers_memory_bit_exac
     loaded = {e["rank"]: (e["source"], e["step"]) for e in read_events(tmp_path / "hit") if e["kind"] == "ckpt_loaded"}
     assert loaded == {r: ("memory", 8) for r in range(4)}, loaded
     assert hit["peer_patches"] == ["rank_in_shard_config", "unsharded_on_rank0", "twin_shards_apart"]
+
+
+def test_a_shrink_of_dlrovers_sharded_state_is_refused_in_one_line(tmp_path):
+    """Its memory copy holds each old rank's shards, and DLRover's saver keeps the shard count it started with."""
+    line = refusal(tmp_path, ("parallel=fsdp", "world_size=4", "strategy=dlrover_flash", "fault=node_loss",
+                              "fault.ranks_per_node=2", "fault.rank=1", "recovery=shrink"))
+    assert "\n" not in line and "recovery=shrink" in line and "strategy=dlrover_flash" in line, line
