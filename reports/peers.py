@@ -32,12 +32,12 @@ FAMILIES = {
     "async": "async snapshot + persist", "dcp_async": "async snapshot + persist",
     "dcp_async_staged": "async snapshot + persist", "dcp_async_process": "async snapshot + persist",
     "dcp_async_staged_process": "async snapshot + persist", "torchsnapshot": "async snapshot + persist",
-    "nvrx_async": "async snapshot + persist",
+    "nvrx_async": "async snapshot + persist", "nvrx_async_dcp": "async snapshot + persist",
     "inmemory": "in-memory", "dlrover_flash": "in-memory",
 }
 # Cells no matrix may hold (the command refuses them in one line, resilience.roles): said here, never a silent pass.
 NOT_APPLICABLE = ("Not applicable: <code>fault=slow_disk</code> (throttle, enospc, torn_write) to torchsnapshot, "
-                  "nvrx_async, dlrover_flash and DCP's process executor (dcp_async_process, "
+                  "nvrx_async, nvrx_async_dcp, dlrover_flash and DCP's process executor (dcp_async_process, "
                   "dcp_async_staged_process): they open their checkpoint files themselves, not through DCP's "
                   "file-system layer that this fault acts on.")
 MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",

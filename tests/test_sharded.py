@@ -17,7 +17,7 @@ REFUSED = [
     (("parallel=fsdp", "workload=dlrm_emb"), "parallel=fsdp", "sparse gradients"),
     (("parallel=hsdp", "world_size=4", "workload=dlrm_emb"), "parallel=hsdp", "parallel=ddp"),
     (("parallel=fsdp", "strategy=torchsnapshot"), "strategy=torchsnapshot", "no DTensor support"),
-    (("parallel=fsdp", "strategy=nvrx_async"), "strategy=nvrx_async", "strategy=sync, async, inmemory"),
+    (("parallel=fsdp", "strategy=dcp_async_staged_process"), "strategy=dcp_async", "nvrx_async_dcp"),
     (("parallel=fsdp", "strategy=dcp_async_process"), "strategy=dcp_async", "executor=thread"),
     (("parallel=fsdp", "fault=bitflip"), "fault=bitflip", "parallel=ddp"),
     (("parallel=fsdp", "detector=[replica_fingerprint]"), "replica_fingerprint", "detector list"),

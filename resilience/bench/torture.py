@@ -30,7 +30,7 @@ from resilience.record.events import read_events
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory")
 # The libraries (docs/peers.md), by name with --strategies: each loads through our commit record, so the damage
 # trials apply to them too.
-PEERS = ("dcp_async_staged", "dcp_async_process", "torchsnapshot", "nvrx_async", "dlrover_flash")
+PEERS = ("dcp_async_staged", "dcp_async_process", "torchsnapshot", "nvrx_async", "nvrx_async_dcp", "dlrover_flash")
 WITHOUT_METADATA = ("nvrx_async", "dlrover_flash")  # one torch.save file per rank: no index to delete
 DISK_LOADS = ("sync", "async", "dcp_async", *PEERS)  # inmemory loads from memory; its snapshots carry own checks
 STEPS, EVERY = 16, 4

@@ -41,7 +41,7 @@ class FullyShardedParallel(Parallelism):
         if strategy.saves and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} does not save sharded state "
                              f"({strategy.sharded_refusal()}); use strategy=sync, async, inmemory, dlrover_flash, "
-                             f"nvrx_async_dcp or dcp_async (executor=thread)")
+                             f"nvrx_async, nvrx_async_dcp or dcp_async (executor=thread)")
         if strategy.recovers_in_place and not strategy.handles_sharded_state():
             raise ValueError(f"parallel={name}: strategy={strategy.name} recovers in place with whole-model state "
                              f"(strategy=replica moves shards with while_replacing=wait); use parallel=ddp")

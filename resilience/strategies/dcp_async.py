@@ -63,6 +63,9 @@ class DcpAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
     def handles_sharded_state(self) -> bool:
         return self.executor == "thread"  # the daemon has no device mesh to hold DTensor shards
 
+    def sharded_refusal(self) -> str:
+        return f"strategy.executor={self.executor}: DCP's checkpoint process has no device mesh to hold DTensor shards"
+
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
                  stager: str = "blocking", executor: str = "thread") -> None:
         super().__init__(every, keep, when_busy, timeout_s)

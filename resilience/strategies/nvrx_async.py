@@ -103,6 +103,12 @@ class NvrxAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
         self.choose_patches(patches)
         self._saver = None
 
+    def handles_sharded_state(self) -> bool:
+        # Each rank's torch.save holds its own DTensor shards (with their mesh), which load back into the same mesh
+        # after a restart at the same world size: bit-exact under fsdp and hsdp (docs/sharded.md). They cannot be
+        # resharded, so recovery=shrink|grow refuse it (its load is its own: shrink.reshards_on_load).
+        return True
+
     def attach(self, rt) -> None:
         super().attach(rt)
         self.library.load()
