@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: resilience/bench/c
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
 # --peers: the libraries beside ours (docs/peers.md), with the technique family each is compared in.
 PEERS = ("dcp_async_staged", "dcp_async_process", "dcp_async_staged_process", "torchsnapshot", "nvrx_async",
-         "dlrover_flash")
+         "nvrx_async_dcp", "dlrover_flash")
 ASYNC_LIBRARIES = ("dcp_async", "dcp_async_staged", "dcp_async_process", "dcp_async_staged_process", "torchsnapshot",
-                   "nvrx_async")
+                   "nvrx_async", "nvrx_async_dcp")
 # Rows that are a strategy with extra settings: name -> (conf/strategy option, overrides).
 VARIANTS = {"replica_spare": ("replica", ["supervisor.spares=1"])}
 
