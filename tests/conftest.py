@@ -82,6 +82,27 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+# The sharded end-to-end tests' settings: gpt_tiny on 4 ranks, short (tests/test_sharded*.py).
+SHARDED = ("world_size=4", "workload=gpt_tiny", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
+
+
+@pytest.fixture(scope="session")
+def sharded_fault_free(tmp_path_factory):
+    """The fault-free run's final hash per ``parallel`` setting on ``SHARDED``'s settings, run once for the session
+    (ours and the libraries' sharded tests share it): the strategy does not touch the training state, so every
+    strategy's fault-free run ends on the same hash (docs/sharded.md)."""
+    hashes: dict[str, str] = {}
+
+    def of(parallel: str) -> str:
+        if parallel not in hashes:
+            ref = run_experiment(tmp_path_factory.mktemp(f"ref-{parallel}"), f"parallel={parallel}", "strategy=sync",
+                                 "fault=none", *SHARDED, timeout=400)
+            hashes[parallel] = ref["final_state_sha256"]
+        return hashes[parallel]
+
+    return of
+
+
 def refusal(tmp_path, overrides) -> str:
     """The error a configuration is refused with, checked as the command checks it before anything starts."""
     from resilience.__main__ import precheck

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import sharded_ranks
-from conftest import refusal, run_experiment
+from conftest import SHARDED, refusal, run_experiment
 from sharded_ranks import spawn
 from resilience.__main__ import precheck
 from resilience.config import check_group_choices
@@ -60,7 +60,6 @@ def test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state(tmp
     spawn(sharded_ranks.load_rank, 2, str(tmp_path))
 
 
-COMMON = ("world_size=4", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
 # One case per strategy that saves sharded state; async and inmemory: about 60-80 s each on 2 loaded cores. The
 # inmemory case loses node 0 (ranks 0 and 1, their memory wiped): they take their shards from the peer copies held
 # by the same shards' ranks of the other replica group.
@@ -72,31 +71,15 @@ E2E = [("fsdp", "sync", (*KILL, "fault.phase=before_forward", "fault.at_step=7")
        ("hsdp", "inmemory", (*NODE_LOSS, "fault.at_step=7"))]
 
 
-@pytest.fixture(scope="module")
-def fault_free(tmp_path_factory):
-    """The fault-free run's final hash per ``parallel`` setting, run once for the module: the strategy does not
-    touch the training state, so every strategy's fault-free run ends on the same hash (docs/sharded.md)."""
-    hashes: dict[str, str] = {}
-
-    def of(parallel: str) -> str:
-        if parallel not in hashes:
-            ref = run_experiment(tmp_path_factory.mktemp(f"ref-{parallel}"), f"parallel={parallel}", "strategy=sync",
-                                 "fault=none", *COMMON, timeout=400)
-            hashes[parallel] = ref["final_state_sha256"]
-        return hashes[parallel]
-
-    return of
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("parallel,strategy,fault", E2E, ids=[f"{p}-{s}-{f[0][6:]}" for p, s, f in E2E])
-def test_sharded_kill_and_recover_bit_exact(tmp_path, fault_free, parallel, strategy, fault):
+def test_sharded_kill_and_recover_bit_exact(tmp_path, sharded_fault_free, parallel, strategy, fault):
     """The recovered run ends with the fault-free run's hash over the gathered global state."""
-    hit = run_experiment(tmp_path / "hit", f"parallel={parallel}", f"strategy={strategy}", *fault, *COMMON,
+    hit = run_experiment(tmp_path / "hit", f"parallel={parallel}", f"strategy={strategy}", *fault, *SHARDED,
                          timeout=400)
     assert hit["status"] == "ok" and hit["recovered"]
-    assert hit["final_state_sha256"] == fault_free(parallel)
+    assert hit["final_state_sha256"] == sharded_fault_free(parallel)
     if strategy == "inmemory":  # the lost node's ranks loaded their shards from the other replica's memory
         loaded = {e["rank"]: e["source"] for e in read_events(tmp_path / "hit") if e["kind"] == "ckpt_loaded"}
         assert loaded == {0: "peer_memory", 1: "peer_memory", 2: "memory", 3: "memory"}, loaded

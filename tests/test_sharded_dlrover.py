@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import refusal, run_experiment
+from conftest import SHARDED, refusal, run_experiment
 from resilience.__main__ import precheck
 from resilience.config import check_group_choices
 from resilience.record.events import read_events
@@ -81,36 +81,17 @@ def test_the_engine_gets_our_state_as_shipped_or_flat_with_the_unsharded_values_
     assert sd["step"] == 12 and sd["optim"]["param_groups"] == [{"lr": 0.2}]
 
 
-COMMON = ("world_size=4", "workload=gpt_tiny", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
-
-
-@pytest.fixture(scope="module")
-def fault_free(tmp_path_factory):
-    """The fault-free run's final hash per ``parallel`` setting (strategy=sync: the strategy does not touch the
-    training state, so every strategy's fault-free run ends on it; docs/sharded.md)."""
-    hashes: dict[str, str] = {}
-
-    def of(parallel: str) -> str:
-        if parallel not in hashes:
-            ref = run_experiment(tmp_path_factory.mktemp(f"ref-{parallel}"), f"parallel={parallel}", "strategy=sync",
-                                 "fault=none", *COMMON, timeout=400)
-            hashes[parallel] = ref["final_state_sha256"]
-        return hashes[parallel]
-
-    return of
-
-
 @DLROVER
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_hsdp_killed_in_a_save_restores_every_rank_from_dlrovers_memory_bit_exact(tmp_path, fault_free):
+def test_hsdp_killed_in_a_save_restores_every_rank_from_dlrovers_memory_bit_exact(tmp_path, sharded_fault_free):
     """HSDP 2x2, rank 1 killed in the step-8 save (once its shards are in DLRover's memory and on disk, before our
     commit): every rank loads its own shards of step 8 from its segment held by the saver in the supervisor, the
     three sharded workarounds declared, and the run ends on the fault-free hash."""
     hit = run_experiment(tmp_path / "hit", "parallel=hsdp", "strategy=dlrover_flash", "fault=kill", "fault.rank=1",
-                         "fault.phase=during_checkpoint", "fault.at_step=8", *COMMON, timeout=400)
+                         "fault.phase=during_checkpoint", "fault.at_step=8", *SHARDED, timeout=400)
     assert hit["status"] == "ok" and hit["recovered"]
-    assert hit["final_state_sha256"] == fault_free("hsdp")
+    assert hit["final_state_sha256"] == sharded_fault_free("hsdp")
     loaded = {e["rank"]: (e["source"], e["step"]) for e in read_events(tmp_path / "hit") if e["kind"] == "ckpt_loaded"}
     assert loaded == {r: ("memory", 8) for r in range(4)}, loaded
     assert hit["peer_patches"] == ["rank_in_shard_config", "unsharded_on_rank0", "twin_shards_apart"]

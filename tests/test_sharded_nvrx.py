@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import refusal, run_experiment
+from conftest import SHARDED, refusal, run_experiment
 
 from resilience.__main__ import precheck
 from resilience.config import check_group_choices
@@ -61,20 +61,16 @@ def test_an_unknown_patch_is_one_clear_line(tmp_path):
     assert "\n" not in line and "strategy.patches=[x]" in line and "cpu_staging_copy" in line, line
 
 
-COMMON = ("world_size=4", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_hsdp_killed_during_a_save_recovers_bit_exact(tmp_path):
+def test_hsdp_killed_during_a_save_recovers_bit_exact(tmp_path, sharded_fault_free):
     """Rank 1 dies once its shard of step 8 is written, before the finalize: every rank loads step 4 (NVRx's
     files, through sync's verified DCP load) and the run ends on the fault-free ``sync`` run's hash (the strategy
     does not touch the training state, so the fault-free hashes agree: docs/sharded.md)."""
-    ref = run_experiment(tmp_path / "ref", "parallel=hsdp", "strategy=sync", "fault=none", *COMMON, timeout=400)
     hit = run_experiment(tmp_path / "hit", "parallel=hsdp", "strategy=nvrx_async_dcp", "fault=kill", "fault.rank=1",
-                         "fault.phase=during_checkpoint", "fault.at_step=8", *COMMON, timeout=400)
+                         "fault.phase=during_checkpoint", "fault.at_step=8", *SHARDED, timeout=400)
     assert hit["status"] == "ok" and hit["recovered"]
-    assert hit["final_state_sha256"] == ref["final_state_sha256"]
+    assert hit["final_state_sha256"] == sharded_fault_free("hsdp")
     assert hit["peer_patches"] == (["cuda_synchronize", "cpu_staging_copy"] if not torch.cuda.is_available() else [])
     loaded = {e["rank"]: e["step"] for e in read_events(tmp_path / "hit") if e["kind"] == "ckpt_loaded"}
     assert loaded == {0: 4, 1: 4, 2: 4, 3: 4}, loaded
