@@ -13,6 +13,9 @@ replacement heals into the quorum. The trajectory therefore differs from the fau
 checked instead is that every replica holds the same state after the heal (``ft_state`` hashes) and at the end.
 With ``min_replicas`` = every group no step commits without the dead one: the survivors wait for the replacement,
 as our ``replica`` does, and the run ends bit-exact with the fault-free one.
+
+Under ``parallel=hsdp`` a replica group is one replica of the shards, FSDP2 within it and torchft's all-reduce
+across the groups (``torchft_hsdp``); a group heals shard by shard, and a dead rank's whole group is restarted.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from resilience.record.events import read_events
 from resilience.state import TrainState, map_tensors, state_sha256
 from resilience.strategies.owned_step import StepControl
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.strategies.torchft_hsdp import (GroupWorld, ReplicaGroups, load_local_shards, local_shards,
+                                                set_all_reduce_hooks, shard_model)
 from resilience.strategies.torchft_lighthouse import Lighthouse
 from resilience.workloads.base import Workload
 
@@ -68,7 +73,10 @@ class ReplicaTorchft(PeerStrategy, StepControl):
     recovers_in_place = True  # the supervisor replaces only the dead group; the others never stop
 
     def keeps_world_group(self) -> bool:
-        return False  # each rank is its own replica group
+        return False  # each rank, or each replica of the shards (hsdp), is its own replica group
+
+    def handles_sharded_state(self) -> bool:
+        return True  # under hsdp each rank heals its own shard (``torchft_hsdp``); fsdp has no replica to heal from
     library = PeerLibrary("torchft", "torchft", extra="torchft")
     known_patches = PATCHES
 
@@ -97,18 +105,41 @@ class ReplicaTorchft(PeerStrategy, StepControl):
     def attach(self, rt) -> None:
         super().attach(rt)
         self.ft = self.library.load()
+        # The parallel setting and the workload come from the run's configuration: under hsdp this strategy
+        # shards the model over its own replica group and builds the optimizer over the shards.
+        from hydra.utils import instantiate
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(rt.run_dir / "config.yaml")
+        self.parallel = instantiate(cfg.parallel) if "parallel" in cfg else None
+        self.workload = instantiate(cfg.workload, seed=cfg.seed)
+        self.groups = ReplicaGroups.of(self.parallel, rt.rank, rt.world_size)
+        if self.min_replicas > self.groups.count:
+            raise ValueError(f"strategy.min_replicas={self.min_replicas}: at most the {self.groups.count} replica "
+                             f"groups of parallel={getattr(self.parallel, 'name', 'ddp')}")
         self.declare(self.applied_patches(), min_replicas=self.min_replicas,
-                     heartbeat_timeout_s=self.heartbeat_timeout_s, replica_groups=f"{rt.world_size} x 1 process",
+                     heartbeat_timeout_s=self.heartbeat_timeout_s,
+                     replica_groups=f"{self.groups.count} x {self.groups.shard} process"
+                                    f"{'es' if self.groups.shard > 1 else ''}",
                      transport="http", async_quorum=False)
 
     def step_control(self, state: TrainState) -> StepControl:
         """The Manager of this rank's replica group, torchft's DDP around the bare model, its Optimizer around ours."""
-        ft, rt = self.ft, self.rt
+        ft, rt, groups = self.ft, self.rt, self.groups
         self.state, self.module = state, state.model
         timeout = timedelta(seconds=self.timeout_s)
-        # The Manager needs its group's own store (a group of one process here), which other groups also reach to
-        # form the quorum's process group.
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        if groups.shard > 1:  # hsdp: the group's own world, the model sharded over it, the optimizer over the shards
+            world = GroupWorld(groups, rt.group.store, rt.group.backend, timeout)
+            world.join()
+            store_port = world.manager_store_port()
+            self._store = world
+            self.module = state.model = shard_model(state.model, self.parallel, rt.device, groups.shard)
+            state.optimizer = self.workload.build_optimizer(self.module)
+        else:
+            # The Manager needs its group's own store (a group of one process here), which other groups also reach
+            # to form the quorum's process group.
+            self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+            store_port = self._store.port
         self.transport = _measured_transport(ft, timeout)
         # Synchronous quorum: the heal is applied before the forward pass, so the step (and the batch) is the one
         # the healed state belongs to. Every rank builds the same initial state from the seed: no sync at step 0.
@@ -116,10 +147,13 @@ class ReplicaTorchft(PeerStrategy, StepControl):
             pg=ft.ProcessGroupGloo(timeout=timeout), load_state_dict=self._load_user_state,
             state_dict=self._user_state, min_replica_size=self.min_replicas, use_async_quorum=False,
             timeout=timeout, quorum_timeout=timedelta(seconds=self.quorum_timeout_s), connect_timeout=timeout,
-            rank=0, world_size=1, store_addr="127.0.0.1", store_port=self._store.port,
-            replica_id=f"replica_{rt.rank}", heartbeat_interval=timedelta(seconds=HEARTBEAT_INTERVAL_S),
+            rank=groups.local, world_size=groups.shard, store_addr="127.0.0.1", store_port=store_port,
+            replica_id=f"replica_{groups.group}", heartbeat_interval=timedelta(seconds=HEARTBEAT_INTERVAL_S),
             checkpoint_transport=self.transport, init_sync=False)
-        state.model = ft.DistributedDataParallel(self.manager, self.module)
+        if groups.shard > 1:
+            set_all_reduce_hooks(self.module, self.manager)
+        else:
+            state.model = ft.DistributedDataParallel(self.manager, self.module)
         self.optimizer = ft.Optimizer(self.manager, state.optimizer)
         self._width, self._hash_next, self._dropped = 0, False, False
         if rt.attempt == 0:
@@ -143,9 +177,12 @@ class ReplicaTorchft(PeerStrategy, StepControl):
             time.sleep(0.02)
 
     def _user_state(self) -> dict[str, Any]:
-        return {"model": self.module.state_dict(), "optim": self.state.optimizer.state_dict()}
+        return local_shards({"model": self.module.state_dict(), "optim": self.state.optimizer.state_dict()})
 
     def _load_user_state(self, sd: dict[str, Any]) -> None:
+        if self.groups.shard > 1:
+            load_local_shards(self.module, self.state.optimizer, sd)
+            return
         self.module.load_state_dict(sd["model"])
         self.state.optimizer.load_state_dict(sd["optim"])
 
@@ -165,7 +202,9 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         if width != self._width or self._dropped:  # a new quorum (a dropped step: its members may have changed)
             if rt.attempt < (generation := _generation(rt.run_dir)):
                 rt.events.attempt = generation  # a survivor lives on into the generation of the replacement
-            rt.events.emit("ft_quorum", step=step, participants=width, previous=self._width, wait_s=took)
+            shard = self.groups.shard  # participants: the ranks of the quorum's groups
+            rt.events.emit("ft_quorum", step=step, participants=width * shard, previous=self._width * shard,
+                           groups=width, wait_s=took)
             self._width, self._hash_next, self._dropped = width, True, False
         return step
 
@@ -176,11 +215,12 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         committed = self.manager.current_step() > before
         self._dropped = not committed
         step = self.manager.current_step()
-        self.rt.events.emit("ft_step", step=step, participants=self._width, committed=committed)
+        ranks = self._width * self.groups.shard
+        self.rt.events.emit("ft_step", step=step, participants=ranks, committed=committed)
         if committed and self._hash_next:  # the first state of a new quorum: every member must hold the same
-            self._hash_next = False
-            self.rt.events.emit("ft_state", step=step, participants=self._width,
-                                sha256=state_sha256(self.state.state_dict()))
+            self._hash_next = False  # (the whole state: under hsdp gathered within the group, a collective of it)
+            self.rt.events.emit("ft_state", step=step, participants=ranks,
+                                sha256=state_sha256(self.state.full_state_dict()))
         return committed
 
     def wait(self) -> None:
@@ -188,11 +228,12 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         ends with every replica, not only the survivors, holding it (a real job would just finish without it)."""
         rt = self.rt
         deadline = time.monotonic() + self.quorum_timeout_s
-        while self._width < rt.world_size and time.monotonic() < deadline:
+        while self._width < self.groups.count and time.monotonic() < deadline:
             self.begin(self.manager.current_step())  # a quorum without a step: the late group heals in it
             time.sleep(0.05)  # each quorum with the same members returns at once: do not spin on the lighthouse
-        if self._width < rt.world_size:
-            rt.events.emit("ft_incomplete", step=self.manager.current_step(), participants=self._width)
+        if self._width < self.groups.count:
+            rt.events.emit("ft_incomplete", step=self.manager.current_step(),
+                           participants=self._width * self.groups.shard)
             return
         # Nobody leaves before every group holds the final state (and the last transfer has been served).
         self.manager.allreduce(torch.zeros(1)).wait()
