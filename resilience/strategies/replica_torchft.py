@@ -20,6 +20,7 @@ across the groups (``torchft_hsdp``); a group heals shard by shard, and a dead r
 
 from __future__ import annotations
 
+import faulthandler
 import time
 from datetime import timedelta
 from typing import Any
@@ -96,7 +97,7 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         super().check_host(workload, world_size)
         if self.min_replicas > world_size:
             raise ValueError(f"strategy.min_replicas={self.min_replicas}: at most world_size={world_size} "
-                             f"(each rank is one replica group)")
+                             f"(each rank is one replica group; under parallel=hsdp each replica of the shards)")
 
     def agent_service(self) -> Lighthouse:
         return Lighthouse(self.min_replicas, round(self.heartbeat_timeout_s * 1000),
@@ -110,6 +111,9 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         from hydra.utils import instantiate
         from omegaconf import OmegaConf
 
+        # A native crash in the library (seen once under hsdp: a survivor's SIGSEGV right after serving a heal)
+        # then leaves every thread's Python stack in the rank's log.
+        faulthandler.enable()
         cfg = OmegaConf.load(rt.run_dir / "config.yaml")
         self.parallel = instantiate(cfg.parallel) if "parallel" in cfg else None
         self.workload = instantiate(cfg.workload, seed=cfg.seed)
