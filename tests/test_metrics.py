@@ -131,3 +131,25 @@ def test_a_node_loss_names_the_configured_rank_not_the_first_recorder():
     node = {"fault": "node_loss", "target_rank": 1, "node_ranks": [0, 1]}
     log[i:i + 1] = [ev(2.6, "fault_injected", rank=0, step=3, **node), ev(2.6, "fault_injected", rank=1, step=3, **node)]
     assert compute_result(log, RUN)["fault_rank"] == 1
+
+
+def test_a_peer_replaced_one_attempt_after_the_victim_counts_as_a_restarted_survivor():
+    """torchft restarts a whole replica group: the victim's group mate fails its next collective and is replaced a
+    generation after the victim, before the recovery is over."""
+    def log(mate_replaced: bool) -> list[dict]:
+        out = [ev(0.0, "launch", rank=None), ev(1.0, "run_start"), ev(1.0, "run_start", rank=1),
+               ev(1.5, "step_end", step=1, duration_s=0.5), ev(2.0, "step_end", step=2, duration_s=0.5),
+               ev(2.6, "fault_injected", rank=1, step=3),
+               ev(2.7, "fault_detected", rank=None, detector="process_exit", blamed_rank=1),
+               ev(2.8, "restart", rank=None, attempt=1, ranks=[1]),
+               ev(4.0, "run_start", rank=1, attempt=1)]
+        if mate_replaced:
+            out += [ev(4.1, "restart", rank=None, attempt=2, ranks=[0]), ev(4.5, "run_start", rank=0, attempt=2)]
+        return out + [ev(4.9, "step_end", rank=1, attempt=1, step=3, duration_s=0.5),
+                      ev(4.9, "resumed", rank=1, attempt=1, step=3),
+                      ev(5.5, "run_end", attempt=2 if mate_replaced else 0, step=4, final_state_sha256="abc"),
+                      ev(5.5, "run_end", rank=1, attempt=1, step=4, final_state_sha256="abc"),
+                      ev(6.0, "supervisor_end", rank=None, attempt=2, outcome="succeeded")]
+
+    assert compute_result(log(mate_replaced=True), RUN)["survivors_restarted"] is True
+    assert compute_result(log(mate_replaced=False), RUN)["survivors_restarted"] is False

@@ -191,9 +191,12 @@ def _what_was_loaded(events: list[dict], fault: dict, trace: _Trace) -> dict[str
     """Lost steps (fault step minus the step loaded; never below 0: in place, survivors may be one step past the
     fault), where the state came from, its bytes, the load's critical path, and whether survivors restarted."""
     loaded = trace.loaded
-    # A rank other than the fault's victims started again in the recovery's attempt (under torchrun there is no
-    # restart event of ours to ask, so the ranks' own starts tell).
-    started = {e["rank"] for e in events if e["kind"] == "run_start" and e["attempt"] == trace.start["attempt"]}
+    # A rank other than the fault's victims started again in the recovery's attempt or a later one before the
+    # recovery was over (under torchrun there is no restart event of ours to ask, so the ranks' own starts tell; a
+    # victim's peer that fails a poll later, e.g. torchft's replica group mate, is replaced one attempt later).
+    until = trace.resumed["t_mono"] if trace.resumed else float("inf")
+    started = {e["rank"] for e in events if e["kind"] == "run_start" and e["attempt"] >= trace.start["attempt"]
+               and e["t_mono"] <= until}
     victims = set(fault.get("node_ranks") or [fault.get("target_rank", fault["rank"])])
     return {
         "lost_steps": max(0, fault["step"] - (loaded["step"] if loaded else 0)),
