@@ -152,7 +152,9 @@ def check_ranges(cfg: Any) -> None:
 def explain(exc: BaseException) -> str | None:
     """One line for a ValidationError of a setting this schema types (``steps=abc: must be an integer >= 1``),
     found in ``exc`` or its causes (Hydra wraps it); None for any other error."""
-    while exc is not None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:  # a chain of contexts can loop (an error raised while handling
+        seen.add(id(exc))                             # another that holds it): each exception is looked at once
         if isinstance(exc, ValidationError):
             key = str(getattr(exc, "full_key", "") or "")
             if key in SETTINGS:

@@ -180,3 +180,14 @@ def test_projection_bad_input_is_one_clear_line(tmp_path, overrides, setting, al
     line = str(info.value)
     assert "\n" not in line and setting in line and allowed in line, line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(10)
+def test_explaining_an_error_whose_contexts_loop_ends():
+    """An error raised while handling another that holds it makes a loop of contexts (the matrix check met one and
+    spun until its cell timed out)."""
+    from resilience.schema import explain
+
+    a, b = ValueError("a"), ValueError("b")
+    a.__context__, b.__context__ = b, a
+    assert explain(a) is None
