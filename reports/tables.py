@@ -63,13 +63,28 @@ def order(frame: pd.DataFrame, column: str) -> list[str]:
 
 
 def bit_exact(rows: pd.DataFrame) -> str:
-    """"yes", "no (k of n)" or "-" (no run with a verdict) over the rows' ``matches_reference``."""
-    verdicts = [v for v in rows.get("matches_reference", pd.Series(dtype=object)) if v in (True, False, "True",
-                                                                                         "False")]
+    """"yes", "no (k of n)" or "-" (no run with a verdict) over the rows' ``matches_reference``; a run that by design
+    cannot match (trained at reduced width, or at another world size: shrink, grow) is counted apart, never as a
+    "no" (e.g. "yes; 2 not by design (world size or width changed)")."""
+    apart = _not_by_design(rows)
+    verdicts = [v for v in rows.loc[~apart].get("matches_reference", pd.Series(dtype=object))
+                if v in (True, False, "True", "False")]
+    skipped = f"{int(apart.sum())} not by design (world size or width changed)" if apart.any() else ""
     if not verdicts:
-        return "-"
+        return skipped or "-"
     bad = sum(1 for v in verdicts if v in (False, "False"))
-    return "yes" if not bad else f"no ({bad} of {len(verdicts)})"
+    said = "yes" if not bad else f"no ({bad} of {len(verdicts)})"
+    return f"{said}; {skipped}" if skipped else said
+
+
+def _not_by_design(rows: pd.DataFrame) -> pd.Series:
+    """Runs whose result says they cannot end on the reference's state: ``bit_exact`` "not by design" (reduced
+    width) or a world size that changed (``world_resizes``)."""
+    reduced = rows.get("bit_exact", pd.Series(index=rows.index, dtype=object)).astype(str).str.startswith(
+        "not by design")
+    resized = rows.get("world_resizes", pd.Series(index=rows.index, dtype=object)).map(
+        lambda v: isinstance(v, list) and len(v) > 0 or isinstance(v, str) and v.strip() not in ("", "[]", "nan"))
+    return (reduced | resized).fillna(False).astype(bool)
 
 
 def finished(frame: pd.DataFrame) -> pd.DataFrame:

@@ -261,3 +261,19 @@ def test_torchruns_and_nvrxs_restarts_are_rows_of_their_own_compared_with_our_re
     table = headline_faults(frame).set_index("strategy")
     assert table.loc["sync", "recovery_time_s"] == pytest.approx(2.1)  # ours alone, not torchrun's mixed in
     assert table.loc["sync (torchrun)", "recovery_time_s_vs_sync"] == pytest.approx(3.0 / 2.1)
+
+
+def test_a_run_that_cannot_match_by_design_is_counted_apart_not_as_a_no():
+    """A shrunk run trained at another world size and a torchft run at reduced width cannot end on the reference's
+    state: the bit-exact column says so instead of "no" (the sharded matrix's shrink cells read "no (2 of 6)")."""
+    from reports.tables import bit_exact
+
+    shrunk = '[{"direction": "down", "world_size": 2, "previous": 4, "step": 10}]'
+    rows = pd.DataFrame({"matches_reference": [True, True, False, False],
+                         "world_resizes": [None, None, shrunk, None],
+                         "bit_exact": [None, None, None, "not by design"]})
+    assert bit_exact(rows) == "yes; 2 not by design (world size or width changed)"
+    assert bit_exact(rows.iloc[2:]) == "2 not by design (world size or width changed)"
+    rows.loc[1, "matches_reference"] = False
+    assert bit_exact(rows).startswith("no (1 of 2)")
+    assert bit_exact(pd.DataFrame({"matches_reference": [True]})) == "yes"
