@@ -1,7 +1,7 @@
 """HSDP replica recovery (issue 18 item 4, docs/sharded.md): a killed rank's replacement receives its shard from the
 rank holding the same shard in the other replica group, the survivors are not restarted, the bytes moved are one
 shard's parameters and AdamW state, and the run ends on the fault-free run's hash. ``parallel=fsdp`` (no replica)
-and the reduced-width mode are refused in one line.
+and our reduced-width mode are refused in one line (torchft's HSDP healing: tests/test_torchft_hsdp.py).
 
 The end-to-end pair (4 gloo ranks each) is slow on a small machine and marked so."""
 
@@ -22,7 +22,6 @@ COMMON = (*HSDP, "workload=gpt_tiny", "steps=8", "seed=0", "detector=[process_ex
 REFUSED = [
     (("parallel=fsdp", "world_size=4", "strategy=replica"), "parallel=fsdp", "parallel=hsdp"),
     ((*HSDP, "strategy.while_replacing=continue"), "strategy=replica", "while_replacing=wait"),
-    (("parallel=hsdp", "world_size=4", "strategy=replica_torchft"), "strategy=replica_torchft", "parallel=ddp"),
 ]
 
 
