@@ -32,6 +32,11 @@ def test_under_ddp_each_rank_is_a_replica_group_of_its_own():
     assert [(g.group, g.local, g.count, g.shard) for g in groups] == [(0, 0, 2, 1), (1, 0, 2, 1)]
 
 
+def test_more_replicas_required_than_hsdp_has_is_refused_before_launch(tmp_path):
+    line = refusal(tmp_path, ("parallel=hsdp", "world_size=4", "strategy=replica_torchft", "strategy.min_replicas=3"))
+    assert "\n" not in line and "strategy.min_replicas=3" in line and "parallel.replicate=2" in line, line
+
+
 def test_under_fsdp_there_is_no_replica_to_heal_from(tmp_path):
     line = refusal(tmp_path, ("parallel=fsdp", "world_size=4", "strategy=replica_torchft"))
     assert "\n" not in line and "strategy=replica_torchft" in line and "parallel=hsdp" in line, line

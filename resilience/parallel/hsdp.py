@@ -30,3 +30,7 @@ class HybridShardedParallel(FullyShardedParallel):
             raise ValueError(f"parallel.replicate={self.replicate}: world_size={world_size} must split into "
                              f"{self.replicate} replicas of at least 2 shards (e.g. world_size=4 parallel.replicate=2)")
         super().check(world_size, workload, strategy, injector, detectors)
+        needs = getattr(strategy, "min_replicas", None)  # torchft's quorum counts replica groups: here, replicas
+        if needs is not None and needs > self.replicate:
+            raise ValueError(f"strategy.min_replicas={needs}: at most the {self.replicate} replica groups of "
+                             f"parallel=hsdp (parallel.replicate={self.replicate})")
