@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import ROOT, run_cli, run_experiment
+from conftest import ROOT, refusal, run_cli, run_experiment
 from resilience.record.events import read_events
 from resilience.state import TrainState, state_sha256
 from resilience.ckpt.transfer import replica_state
@@ -191,9 +191,16 @@ BAD = [
 ]
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("overrides,setting,why", BAD, ids=[b[1] for b in BAD])
-def test_settings_replica_cannot_honour_are_one_line(tmp_path, overrides, setting, why):
+def test_settings_replica_cannot_honour_are_refused(tmp_path, overrides, setting, why):
+    error = refusal(tmp_path, ["strategy=replica", *overrides])
+    assert setting in error and why in error
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_setting_is_one_line_exit_2(tmp_path):
+    """The command's own exit for the checks above (one case: each costs an interpreter and Hydra)."""
+    overrides, setting, why = BAD[0]
     done = run_cli("strategy=replica", *overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=100)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and setting in done.stderr and why in done.stderr

@@ -57,6 +57,7 @@ def test_a_killed_rank_s_group_is_restarted_and_heals_shard_by_shard_bit_exact(t
     assert result["final_state_sha256"] == sharded_fault_free("hsdp")
     assert result["reduced_width_steps"] == 0 and result["replicas_consistent"] is True
     assert result["survivors_restarted"] is True  # rank 1's group mate
+    assert result["peer_patches"] == []  # torchft's DDP is not used under hsdp: its hook patch is not declared
     events = read_events(run_dir)
     # torchft restarts a replica group, not a rank: rank 1's group mate 0 fails in its next FSDP collective and
     # is replaced as well; the other group (ranks 2, 3) is one process each from start to end.

@@ -121,7 +121,10 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         if self.min_replicas > self.groups.count:
             raise ValueError(f"strategy.min_replicas={self.min_replicas}: at most the {self.groups.count} replica "
                              f"groups of parallel={getattr(self.parallel, 'name', 'ddp')}")
-        self.declare(self.applied_patches(), min_replicas=self.min_replicas,
+        # Under hsdp torchft's DDP is not used (FSDP's all-reduce hook calls the Manager): its hook patch would act
+        # on nothing, so it is neither installed nor declared.
+        applied = self.applied_patches() if self.groups.shard == 1 else []
+        self.declare(applied, min_replicas=self.min_replicas,
                      heartbeat_timeout_s=self.heartbeat_timeout_s,
                      replica_groups=f"{self.groups.count} x {self.groups.shard} process"
                                     f"{'es' if self.groups.shard > 1 else ''}",
