@@ -9,6 +9,9 @@ from resilience.detectors.base import Detection, Detector
 # A rank exits with this code when a detector inside it asked for a restart (a rollback, say): a requested
 # exit, not a fault (sysexits' EX_TEMPFAIL).
 RECOVERY_EXIT = 75
+# A rank exits with this code when the state it must start from exists nowhere (``replica`` with every replica lost
+# at once): no restart can mend that, so the supervisor ends the run instead of spending its budget.
+NOTHING_TO_RECOVER_EXIT = 76
 
 
 def describe_exit(exitcode: int) -> str:
@@ -31,7 +34,7 @@ class ProcessExit(Detector):
 
 
     def on_worker_failures(self, exit_codes: dict[int, int]) -> list[Detection]:
-        codes = {r: c for r, c in exit_codes.items() if c != RECOVERY_EXIT}
+        codes = {r: c for r, c in exit_codes.items() if c not in (RECOVERY_EXIT, NOTHING_TO_RECOVER_EXIT)}
         if not codes:
             return []
         blamed = min(codes, key=lambda r: (0 if codes[r] < 0 else 1 if codes[r] != 1 else 2, r))

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from resilience.detectors.process_exit import RECOVERY_EXIT
+from resilience.detectors.process_exit import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
 from resilience.rank.group import RankGroup
@@ -30,6 +30,7 @@ from resilience.runtime import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
 from resilience.state import TrainState
 from resilience.strategies.owned_step import OwnsStep
+from resilience.strategies.replica_transfer import NothingToRecover
 from resilience.rank.trainer import Trainer
 
 
@@ -75,6 +76,8 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         policy.run_attempts(lambda again: run_attempt(cfg, None if again else prepared), Path(cfg.run_dir))
     except RecoveryRequested as req:  # a detector found corrupt state: the supervisor restarts the ranks
         sys.exit(RECOVERY_EXIT if req.reaction in ("restart", "rollback") else 1)
+    except NothingToRecover:  # recorded (rank_error); the supervisor stops restarting
+        sys.exit(NOTHING_TO_RECOVER_EXIT)
     except Exception:  # the supervisor sees the failure
         sys.exit(1)
 

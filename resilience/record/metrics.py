@@ -48,6 +48,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         **_checkpoint_metrics(rank0),
         "step_time_s": median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
     }
+    # why the supervisor ended the run before its restart budget (``replica`` with every replica lost), else None
+    result["unrecoverable"] = (first(sup, "unrecoverable") or {}).get("reason")
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
     result["ettr"] = _ettr(rank0)
     result.update(_peer(events))

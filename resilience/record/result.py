@@ -129,6 +129,8 @@ def summarize(r: dict[str, Any]) -> str:
                      f"recovered={r['recovered']} in {_fmt(r['recovery_time_s'], ' s')} "
                      f"(detect {_fmt(b['detect'])} + restart {_fmt(b['restart'])} + load {_fmt(b['load'])} + "
                      f"replay {_fmt(b['replay'])}); lost steps {r['lost_steps']}")
+    if r.get("unrecoverable"):
+        lines.append(f"  not recoverable: {r['unrecoverable']}")
     lines.append(f"  checkpoints {r['ckpt_count']} x {_fmt(r['ckpt_bytes'], ' B')}, stall {_fmt(r['ckpt_stall_s'], ' s')}, "
                  f"durable {_fmt(r['ckpt_durable_s'], ' s')}; step {_fmt(r['step_time_s'], ' s')}; "
                  f"wall {_fmt(r['wall_time_s'], ' s')}; goodput {_fmt(r['goodput'])}")

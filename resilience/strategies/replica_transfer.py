@@ -36,6 +36,10 @@ BUCKET_BYTES = 16 << 20
 WINDOW = 4  # buckets in flight at once: bounds the staging memory to WINDOW x BUCKET_BYTES
 
 
+class NothingToRecover(RuntimeError):
+    """The state to recover exists on no rank: the rank exits with ``NOTHING_TO_RECOVER_EXIT``."""
+
+
 def reconcile(state: TrainState, position: int | None, device: torch.device, empty: bool = False) -> Reconciled:
     """Make every rank hold the most advanced replica's state (collective), with the pipelined transfer: each rank
     behind takes its shard (DDP: the whole state) from a rank that holds the same shard at the newest position.
@@ -47,8 +51,8 @@ def reconcile(state: TrainState, position: int | None, device: torch.device, emp
     at, key = everyone.tolist()[0::2], everyone.tolist()[1::2]  # -1: a replacement holding nothing; -2: built empty
     best = max(at)
     if best < 0:
-        raise RuntimeError("replica: no rank holds the training state (every replica was lost at once); "
-                           "a strategy that checkpoints is needed to recover from this")
+        raise NothingToRecover("replica: no rank holds the training state (every replica was lost at once); "
+                               "a strategy that checkpoints is needed to recover from this")
     # At position 0 nobody has stepped: every rank built the same initial state from the seed (but one built empty).
     behind = [r for r, p in enumerate(at) if p != best] if best > 0 else [r for r, p in enumerate(at) if p == -2]
     source = {r: _source(r, at, key, best) for r in range(world)}

@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from resilience.detectors.process_exit import NOTHING_TO_RECOVER_EXIT
 from resilience.record.events import EventLog
 from resilience.rank.group import GENERATION_KEY, STORE_ENV, failed_key
 from resilience.record.board import reset_board
@@ -81,6 +82,12 @@ class ReplacingSupervisor(Supervisor):
         if set(failed) - self._killed:
             observer.exited({r: c for r, c in failed.items() if r not in self._killed})
         self._killed.clear()
+        if NOTHING_TO_RECOVER_EXIT in failed.values():
+            events.emit("unrecoverable", ranks=sorted(r for r, c in failed.items() if c == NOTHING_TO_RECOVER_EXIT),
+                        reason="no rank holds the training state (every replica was lost at once)")
+            say("no rank holds the training state (every replica was lost at once): no restart can mend that, "
+                "so the run ends here (a strategy that checkpoints recovers from it)")
+            return "failed"
         if self._left == 0:
             say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
             return "failed"
@@ -110,8 +117,9 @@ class ReplacingSupervisor(Supervisor):
         used = self.max_restarts - self._left
         events.emit("restart", policy=self.policy.name, restart=used, max_restarts=self.max_restarts, ranks=failed,
                     from_spares=by_spare)
-        say(f"replacing rank(s) {failed}{' with warm spares' if by_spare else ''}; the others keep "
-            f"running (restart {used} of {self.max_restarts})")
+        others = "; the others keep running" if len(failed) < self.world_size else ""
+        say(f"replacing rank(s) {failed}{' with warm spares' if by_spare else ''}{others} "
+            f"(restart {used} of {self.max_restarts})")
         for _ in by_spare:
             self._spawn_spare()  # keep the pool full; it gets ready while training goes on
 
