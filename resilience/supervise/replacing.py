@@ -28,6 +28,9 @@ from resilience.rank.spare import SPARE_ENV, assign_key
 from resilience.supervise.supervisor import Supervisor
 
 
+NOTHING_TO_RECOVER = "no rank holds the training state (every replica was lost at once)"
+
+
 class ReplacingSupervisor(Supervisor):
     """Starts ``world_size`` rank processes and replaces each one that fails, while budget is left.
 
@@ -84,9 +87,9 @@ class ReplacingSupervisor(Supervisor):
         self._killed.clear()
         if NOTHING_TO_RECOVER_EXIT in failed.values():
             events.emit("unrecoverable", ranks=sorted(r for r, c in failed.items() if c == NOTHING_TO_RECOVER_EXIT),
-                        reason="no rank holds the training state (every replica was lost at once)")
-            say("no rank holds the training state (every replica was lost at once): no restart can mend that, "
-                "so the run ends here (a strategy that checkpoints recovers from it)")
+                        reason=NOTHING_TO_RECOVER)
+            say(f"{NOTHING_TO_RECOVER}: no restart can mend that, so the run ends here (a strategy that checkpoints "
+                "recovers from it)")
             return "failed"
         if self._left == 0:
             say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
