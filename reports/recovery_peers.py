@@ -56,19 +56,20 @@ def recovery_peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     loss = dict(zip(frame["cell"], col(frame, "final_loss"))) if "cell" in frame else {}
     out = []
     for (way, fault), group in runs.groupby(["way", "cell.fault_label"], sort=False):
-        ref_loss = pd.Series([loss.get(r, float("nan")) for r in group.get("reference_cell", [])], dtype=float)
-        delta = col(group, "final_loss").reset_index(drop=True) - ref_loss
-        timed = group[~noisy(group)]  # a busy host's timings stay out; its verdicts count
+        ended = group[_ended(group)]  # an unrecovered or failed run has no final state and no steps lost to it
+        ref_loss = pd.Series([loss.get(r, float("nan")) for r in ended.get("reference_cell", [])], dtype=float)
+        delta = col(ended, "final_loss").reset_index(drop=True) - ref_loss
+        timed = ended[~noisy(ended)]  # a busy host's timings stay out; its verdicts count
         out.append({
             "way": way, "fault": fault, "n": len(group),
             "detected_by": ", ".join(sorted({str(d) for d in group.get("detector", pd.Series()).dropna()})) or "-",
-            **medians({"detection_s": col(timed, "detection_latency_s"),  # each with its n and interval
+            **medians({"detection_s": col(group[~noisy(group)], "detection_latency_s"),  # each with n, interval
                        "recovery_s": col(timed, "recovery_time_s"),
                        "restart_s": col(timed, "recovery_breakdown_s.restart"),
                        "load_or_heal_s": col(timed, "recovery_load_s"),
                        "replay_s": col(timed, "recovery_breakdown_s.replay"),
-                       "lost_steps": col(group, "lost_steps"),
-                       "reduced_width_steps": col(group, "reduced_width_steps").fillna(0),
+                       "lost_steps": col(ended, "lost_steps"),
+                       "reduced_width_steps": col(ended, "reduced_width_steps").fillna(0),
                        "final_loss_delta": delta}),
             "survivors_restarted": _yes_no(group.get("survivors_restarted")),
             "restarted_by": _counts(group.get("inprocess.recovered_by")),
@@ -114,10 +115,13 @@ def _counts(values: pd.Series | None) -> str:
 
 
 def _verdict(group: pd.DataFrame) -> str:
+    """Bit-exact or not over the runs that recovered; the others counted apart by how they ended, with the reason
+    the supervisor gave (a run that never recovered has no final state to compare: it is not a "NOT bit-exact")."""
+    parts = [_not_ended(group[~_ended(group)], len(group))] if (~_ended(group)).any() else []
+    group = group[_ended(group)]
     absent = pd.Series(None, index=group.index, dtype=object)
     by_design = group.get("bit_exact", absent).astype(str).eq("not by design")
     exact = group.get("matches_reference", absent)
-    parts = []
     if by_design.any():
         consistent = group.get("replicas_consistent", absent)[by_design]
         parts.append(f"not bit-exact by design (reduced width) in {int(by_design.sum())}/{len(group)}; replicas "
@@ -128,3 +132,16 @@ def _verdict(group: pd.DataFrame) -> str:
         parts.append(f"bit-exact {ok}/{len(held)}" if ok == len(held) else f"NOT bit-exact in {len(held) - ok}/"
                      f"{len(held)}")
     return "; ".join(parts)
+
+
+def _ended(group: pd.DataFrame) -> pd.Series:
+    """Per run: it ended with the training done (state ``ok``), so it has a final state and a verdict."""
+    return group.get("state", pd.Series("ok", index=group.index)).astype(str).eq("ok")
+
+
+def _not_ended(runs: pd.DataFrame, n: int) -> str:
+    """"unrecovered in 6/6 (not recoverable: <why>)": each state's count, with the reasons the supervisor recorded
+    (result.json ``unrecoverable``) where it recorded one."""
+    why = sorted({str(r) for r in runs.get("unrecoverable", pd.Series(dtype=object)).dropna()})
+    counts = ", ".join(f"{state} in {k}/{n}" for state, k in runs["state"].astype(str).value_counts().items())
+    return counts + (f" (not recoverable: {'; '.join(why)})" if why else "")

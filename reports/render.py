@@ -125,7 +125,7 @@ def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, A
         inventory=table(inv, [("cell", "cell"), ("state", "state"), ("status", "result status"),
                               ("attempts", "attempts"), ("steps_completed", "steps done"), ("steps", "steps"),
                               ("wall_time_s", "wall (s)"), ("elapsed_s", "job (s)"),
-                              ("matches_reference", "bit-exact"), ("error", "error")],
+                              ("matches_reference", "bit-exact"), ("error", "error, or why unrecoverable")],
                         text=["cell", "state", "status", "error"]))
     return section("environment", "Environment, limits and run inventory", body)
 

@@ -259,6 +259,8 @@ def inventory(frame: pd.DataFrame) -> pd.DataFrame:
     columns = ["cell", "state", "status", "attempts", "steps_completed", "steps", "wall_time_s", "elapsed_s",
                "matches_reference", "error", "error_detail"]
     table = frame.reindex(columns=columns).copy()
+    if "unrecoverable" in frame:  # why the supervisor gave up (result.json): the unrecovered run's error text
+        table["error"] = table["error"].where(table["error"].notna(), frame["unrecoverable"])
     rank = table["state"].map({"failed": 0, "invalid": 1, NOT_RUN: 2, "unrecovered": 3}).fillna(4)
     return table.iloc[rank.argsort(kind="stable")].reset_index(drop=True)
 

@@ -192,5 +192,5 @@ def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictCon
     from resilience.roles import build_roles  # the roles' modules import torch: not for --help or a bad choice
 
     roles = build_roles(cfg)  # every role validates its own settings where it is built
-    roles.strategy.check_host(roles.workload, int(cfg.world_size))
+    roles.strategy.check_host(roles.workload, int(cfg.world_size), roles.parallel.shards(int(cfg.world_size)))
     return cfg

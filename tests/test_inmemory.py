@@ -95,6 +95,24 @@ def test_a_run_that_cannot_fit_in_shared_memory_is_refused_naming_the_shortfall(
         strategy.check_host(wl, 2)
 
 
+def test_under_sharding_the_room_asked_for_is_a_ranks_shards_not_the_whole_model(monkeypatch):
+    """parallel=fsdp (Parallelism.shards): each rank snapshots its shard of each parameter (FSDP2's dim-0 chunk,
+    the last padded), so the check asks for about 1/shards of the whole-model room and refuses only past that."""
+    wl = GPTWorkload(seed=0, vocab=64, d_model=32, n_layer=1, n_head=2, seq_len=16, batch_size=2)
+    with torch.device("meta"):
+        whole = sum(p.numel() * p.element_size() for p in wl.build_model().parameters())
+    strategy = InMemoryCheckpoint(every=5, keep=2)
+    monkeypatch.setattr(shm_store, "free_bytes", lambda: 18 * whole)  # 2 ranks x 2 copies x 2 slots x 3 tensors
+    with pytest.raises(ValueError, match=r"short by"):
+        strategy.check_host(wl, 2)  # whole copies: 24x the parameters' bytes
+    strategy.check_host(wl, 2, shards=2)  # half of each parameter (rounded up): about 12x
+    from resilience.parallel.ddp import DataParallel
+    from resilience.parallel.fsdp import FullyShardedParallel
+    from resilience.parallel.hsdp import HybridShardedParallel
+
+    assert [DataParallel().shards(4), FullyShardedParallel().shards(4), HybridShardedParallel(2).shards(4)] == [1, 4, 2]
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"strategy.persist_every=0: must be an integer >= 1"):
         InMemoryCheckpoint(every=5, keep=2, persist_every=0)

@@ -277,3 +277,32 @@ def test_a_run_that_cannot_match_by_design_is_counted_apart_not_as_a_no():
     rows.loc[1, "matches_reference"] = False
     assert bit_exact(rows).startswith("no (1 of 2)")
     assert bit_exact(pd.DataFrame({"matches_reference": [True]})) == "yes"
+
+
+def test_an_unrecovered_run_is_counted_apart_with_its_reason_not_as_not_bit_exact():
+    """replica under NVRx's hang detection loses both ranks (docs/recovery_peers.md): the row says unrecovered, and
+    why, instead of "NOT bit-exact"; its lost steps and final loss stay out of the medians; the inventory shows why."""
+    from reports.recovery_peers import recovery_peers_table
+    from reports.tables import inventory
+
+    why = "replica: no rank holds the training state (every replica was lost at once)"
+    base = {"cell.fault": "hang", "cell.fault_label": "hang.stall", "cell.detectors": "nvrx_heartbeat",
+            "is_reference": False, "detector": "nvrx_heartbeat", "detection_latency_s": 3.0}
+    runs = [{**base, "cell": "r0", "cell.strategy": "replica", "state": "unrecovered", "status": "unrecovered",
+             "unrecoverable": why, "lost_steps": 13, "final_loss": 9.0},
+            {**base, "cell": "r1", "cell.strategy": "replica", "state": "unrecovered", "status": "unrecovered",
+             "unrecoverable": why, "lost_steps": 13, "final_loss": 9.0},
+            {**base, "cell": "s0", "cell.strategy": "sync", "state": "ok", "status": "ok", "lost_steps": 3,
+             "final_loss": 1.0, "matches_reference": True, "recovery_time_s": 6.0},
+            {**base, "cell": "s1", "cell.strategy": "sync", "state": "ok", "status": "ok", "lost_steps": 5,
+             "final_loss": 1.0, "matches_reference": False, "recovery_time_s": 7.0},
+            {**base, "cell": "s2", "cell.strategy": "sync", "state": "failed", "status": None, "error": "boom"}]
+    table = recovery_peers_table(pd.DataFrame(runs)).set_index("way")
+    replica, sync = table.loc["replica (NVRx detects)"], table.loc["sync (NVRx detects)"]
+    assert replica["verdict"] == f"unrecovered in 2/2 (not recoverable: {why})"
+    assert pd.isna(replica["lost_steps"]) and pd.isna(replica["recovery_s"])
+    assert replica["detection_s"] == pytest.approx(3.0)  # the fault was still detected
+    assert sync["verdict"] == "failed in 1/3; NOT bit-exact in 1/2"
+    assert sync["lost_steps"] == pytest.approx(4.0)
+    inv = inventory(pd.DataFrame(runs)).set_index("cell")
+    assert inv.loc["r0", "error"] == why and inv.loc["s2", "error"] == "boom" and pd.isna(inv.loc["s0", "error"])

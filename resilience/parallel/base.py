@@ -36,6 +36,10 @@ class Parallelism(Named, ABC):
               detectors: list[Detector]) -> None:
         """Raise ``ValueError`` naming the setting when this parallelism cannot run with the other roles."""
 
+    def shards(self, world_size: int) -> int:
+        """Into how many shards each replica of the training state is split (1: every rank holds all of it)."""
+        return 1
+
 
 def model_on_meta(workload: Workload) -> nn.Module:
     """The workload's model built without memory (on the meta device): its structure, for validation."""

@@ -56,6 +56,9 @@ class FullyShardedParallel(Parallelism):
             raise ValueError(f"parallel={name}: detector={','.join(crossing)} compares the ranks' states, which are "
                              f"different shards here; leave it out of the detector list")
 
+    def shards(self, world_size: int) -> int:
+        return world_size // self.replicas
+
     def wrapper(self, device: torch.device, world_size: int, injector, in_place: bool) -> FSDPWrapper:
         return FSDPWrapper(self, device, world_size)
 

@@ -62,9 +62,10 @@ class CheckpointStrategy(Named, ABC):
         """Called by the supervisor when the run ends, whatever the outcome: remove what the ranks left on the host
         for recovery (they cannot, since they may die)."""
 
-    def check_host(self, workload: Workload, world_size: int) -> None:
+    def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
         """Before launch, on the host that starts the ranks: raise ``ValueError`` naming the shortfall if this
-        strategy cannot run here (e.g. not enough shared memory)."""
+        strategy cannot run here (e.g. not enough shared memory); ``shards``: into how many shards the parallelism
+        splits each replica of the state (``Parallelism.shards``)."""
 
     def attach(self, rt: RankRuntime) -> None:
         """Bind to the rank that hosts this strategy (called once per attempt, before ``load``)."""

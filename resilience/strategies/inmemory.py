@@ -72,12 +72,13 @@ class InMemoryCheckpoint(SyncCheckpoint):
     def clean_up_run(cls, run_dir: Path) -> None:
         node_memory.cleanup(run_dir)
 
-    def check_host(self, workload: Workload, world_size: int) -> None:
+    def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
         """Refuse a run whose snapshots cannot fit in this host's free ``/dev/shm``: every rank here holds two slots
-        of its own area and, with more than one node, two of a peer's copy (model plus two optimizer tensors per
-        parameter, as ``_capacity`` assumes). Built on the meta device: nothing is allocated."""
+        of its own area and, with more than one node, two of a peer's copy (its parameters, whole or its shard of
+        each, plus two optimizer tensors per parameter, as ``_capacity`` assumes). Built on the meta device:
+        nothing is allocated."""
         with torch.device("meta"):
-            params = sum(p.numel() * p.element_size() for p in workload.build_model().parameters())
+            params = sum(_shard_bytes(p, shards) for p in workload.build_model().parameters())
         copies = 2 if world_size // self.ranks_per_node > 1 else 1
         need = world_size * copies * 2 * 3 * params
         free = shm_store.free_bytes()
@@ -347,3 +348,12 @@ def replica_peer(state: TrainState) -> int | None:
         return None
     replica, shard = mesh.get_coordinate()
     return int(mesh.mesh[(replica + 1) % mesh.size(0), shard])
+
+
+def _shard_bytes(param: torch.Tensor, shards: int) -> int:
+    """The bytes of the largest of a parameter's ``shards`` shards: FSDP2 splits dim 0 into ``shards`` chunks of
+    ceil(rows / shards) rows, the last padded."""
+    if param.dim() == 0 or shards == 1:
+        return param.numel() * param.element_size()
+    rows = -(-param.shape[0] // shards)
+    return rows * (param.numel() // max(param.shape[0], 1)) * param.element_size()

@@ -82,7 +82,7 @@ class PeerStrategy(CheckpointStrategy):
     def writes_through_checkpoint_fs(self) -> bool:
         return False  # a library opens its own files (see docs/peers.md "Faults")
 
-    def check_host(self, workload: Workload, world_size: int) -> None:
+    def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
         """The library must be importable where the ranks start: one line naming the extra otherwise."""
         try:
             self.library.load()

@@ -93,8 +93,8 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         self.timeout_s = require_number("strategy.timeout_s", timeout_s, above=0)
         self.choose_patches(patches)
 
-    def check_host(self, workload: Workload, world_size: int) -> None:
-        super().check_host(workload, world_size)
+    def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
+        super().check_host(workload, world_size, shards)
         if self.min_replicas > world_size:
             raise ValueError(f"strategy.min_replicas={self.min_replicas}: at most world_size={world_size} "
                              f"(each rank is one replica group; under parallel=hsdp each replica of the shards)")
