@@ -117,8 +117,9 @@ def _counts(values: pd.Series | None) -> str:
 def _verdict(group: pd.DataFrame) -> str:
     """Bit-exact or not over the runs that recovered; the others counted apart by how they ended, with the reason
     the supervisor gave (a run that never recovered has no final state to compare: it is not a "NOT bit-exact")."""
-    parts = [_not_ended(group[~_ended(group)], len(group))] if (~_ended(group)).any() else []
-    group = group[_ended(group)]
+    ended = _ended(group)
+    parts = [_not_ended(group[~ended], len(group))] if (~ended).any() else []
+    group = group[ended]
     absent = pd.Series(None, index=group.index, dtype=object)
     by_design = group.get("bit_exact", absent).astype(str).eq("not by design")
     exact = group.get("matches_reference", absent)

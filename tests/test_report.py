@@ -284,8 +284,8 @@ def test_an_unrecovered_run_is_counted_apart_with_its_reason_not_as_not_bit_exac
     why, instead of "NOT bit-exact"; its lost steps and final loss stay out of the medians; the inventory shows why."""
     from reports.recovery_peers import recovery_peers_table
     from reports.tables import inventory
+    from resilience.supervise.replacing import NOTHING_TO_RECOVER as why  # what result.json's unrecoverable says
 
-    why = "replica: no rank holds the training state (every replica was lost at once)"
     base = {"cell.fault": "hang", "cell.fault_label": "hang.stall", "cell.detectors": "nvrx_heartbeat",
             "is_reference": False, "detector": "nvrx_heartbeat", "detection_latency_s": 3.0}
     runs = [{**base, "cell": "r0", "cell.strategy": "replica", "state": "unrecovered", "status": "unrecovered",
