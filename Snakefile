@@ -16,44 +16,20 @@ is 1 when a cell failed. docs/pipeline.md has the details, the matrix format and
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from reports import registry
-from reports.cell import set_aside_noisy
 from reports.pipeline import cell_states, failed_count, state_table, stop_jobs_on_signal
-from reports.limits import snapshot_dir
-from reports.matrix import MatrixError, load_matrix
+from reports.pipeline_config import pipeline_config
 
 
-include: "workflow/slurm/settings.smk"  # profiles/slurm: account and partition set, or one line before any job
+include: "workflow/slurm/settings.smk"  # first: profiles/slurm's account and partition set, or one line before any job
 
 
-try:
-    MATRIX = load_matrix(str(config.get("matrix", "default")), check=True)  # every cell, as the command checks it
-except MatrixError as exc:  # one line naming the key, not a traceback
-    sys.exit(f"error: {exc}")
-RESULTS = str(config.get("results", f"results/{MATRIX.name}")).rstrip("/")  # one folder per matrix
-ALLOW_FAILED = str(config.get("allow_failed", "false")).lower() in ("true", "1", "yes")
-try:
-    PROBE_MAX_AGE_H = float(config.get("probe_max_age_h", 0))
-    assert PROBE_MAX_AGE_H >= 0
-except (TypeError, ValueError, AssertionError):
-    sys.exit(f"error: probe_max_age_h={config.get('probe_max_age_h')}: must be a number of hours >= 0")
-# The limits snapshot of this pipeline run (reports/limits.py): a new one when cells are about to run (unless one
-# younger than probe_max_age_h exists). Every cell records it (reports/cell.py reads RB_PROBE); a job that
-# Snakemake starts as its own process (SLURM) parses this file again and inherits the choice.
-if str(config.get("rerun_noisy", "false")).lower() in ("true", "1", "yes"):
-    # Cells measured on a busy host run again; what they measured is kept aside, never deleted.
-    for name in set_aside_noisy(Path(RESULTS), [c.dir for c in MATRIX.cells]):
-        print(f"rerun_noisy: {name} was measured on a busy host; kept in {RESULTS}/noisy/, it runs again")
-RUN_DIRS = [Path(f"{RESULTS}/runs/{c.dir}") for c in MATRIX.cells]
-CELLS_TO_RUN = any(not (d / "done.json").exists() for d in RUN_DIRS)
-PROBE = os.environ.setdefault("RB_PROBE", str(snapshot_dir(Path(RESULTS), CELLS_TO_RUN, PROBE_MAX_AGE_H * 3600)))
-# The environment (torch.utils.collect_env and more) is captured once per pipeline run, in the probe snapshot;
-# each cell's result.json names it instead of spending a second per cell on its own copy.
-os.environ.update(RB_ENVIRONMENT=str(Path(PROBE, "environment.json").resolve()))  # follows RB_PROBE
+# The --config keys above, checked (one line for a bad one), and the probe snapshot chosen: reports/pipeline_config.py.
+PIPELINE = pipeline_config(config)
+MATRIX, RESULTS, PROBE, RUN_DIRS = PIPELINE.matrix, PIPELINE.results, PIPELINE.probe, PIPELINE.run_dirs
 ENV = "workflow/envs/bench.yaml"
 CAPTIONS = "reports/captions"
 REPORT_CODE = sorted(str(p) for p in [*Path("reports").glob("*.py"), *Path(CAPTIONS).glob("*.rst")])
@@ -62,56 +38,18 @@ FIGURES = list(registry.MEASURED.values())
 TABLES = registry.report_tables()
 PROJECTION_FIGURES = list(registry.PROJECTED)
 
-# `python` in every rule is the interpreter running Snakemake (the project's venv), activated or not.
-os.environ.update(
-    PATH=os.pathsep.join([str(Path(config.get("python", sys.executable)).parent), os.environ.get("PATH", "")])
-)
-
-
-include: "workflow/slurm/multinode.smk"  # rule multinode: one experiment across nodes (profiles/slurm)
-
-
-localrules:
-    aggregate,
-    project,
-    report,  # seconds of work: on the submit node, not a batch job each (profiles/slurm)
-
 
 wildcard_constraints:
     cell=r"[A-Za-z0-9_.=-]+",
-
-
-report: "workflow/report/workflow.rst"
-
-
-onstart:
-    stop_jobs_on_signal()  # SIGTERM/SIGINT to snakemake alone stops the running cells too
-
-
-onsuccess:
-    states = cell_states(RUN_DIRS)
-    print(state_table(states))
-    if Path(f"{RESULTS}/report/index.html").exists():
-        print(f"report: {RESULTS}/report/index.html")
-    if MULTINODE and Path(MULTINODE_DIR, "result.json").exists():  # rule multinode ran: its outcome in one line
-        r = json.loads(Path(MULTINODE_DIR, "result.json").read_text())
-        print(
-            f"multinode {MULTINODE_NAME} ({NODES} node(s) x {NPROC_PER_NODE} rank(s)): {r['status']}, recovered "
-            f"{r['recovered']}, final state {str(r['final_state_sha256'])[:12]}, {MULTINODE_DIR}/result.json"
-        )
-    if failed_count(states) and not ALLOW_FAILED:
-        print(f"error: {failed_count(states)} cell(s) failed (--config allow_failed=true exits 0)")
-        sys.exit(1)
-
-
-onerror:
-    print(state_table(cell_states(RUN_DIRS)))
 
 
 rule all:
     default_target: True
     input:
         f"{RESULTS}/report/index.html",
+
+
+# The stages, in the order they run: probe, run (one job per cell), aggregate, project, report.
 
 
 rule probe:
@@ -163,6 +101,7 @@ rule aggregate:
         parquet=f"{RESULTS}/summary.parquet",
     log:
         f"{RESULTS}/logs/aggregate.log",
+    localrule: True  # seconds of work: on the submit node, not a batch job (profiles/slurm)
     conda:
         ENV
     shell:
@@ -187,6 +126,7 @@ rule project:
         ],
     log:
         f"{RESULTS}/logs/project.log",
+    localrule: True  # seconds of work: on the submit node, not a batch job (profiles/slurm)
     conda:
         ENV
     shell:
@@ -215,6 +155,7 @@ rule report:
         tables=[f"{RESULTS}/report/{name}.csv" for name in TABLES],
     log:
         f"{RESULTS}/logs/report.log",
+    localrule: True  # seconds of work: on the submit node, not a batch job (profiles/slurm)
     conda:
         ENV
     params:
@@ -222,3 +163,33 @@ rule report:
     shell:
         "python -m reports {input.summary:q} --matrix {params.matrix:q} --limits {input.limits:q} "
         "--environment {input.environment:q} --projection {input.projection:q} --out {output.html:q} > {log:q} 2>&1"
+
+
+include: "workflow/slurm/multinode.smk"  # rule multinode: one experiment across nodes (profiles/slurm), not in `all`
+
+
+report: "workflow/report/workflow.rst"
+
+
+onstart:
+    stop_jobs_on_signal()  # SIGTERM/SIGINT to snakemake alone stops the running cells too
+
+
+onsuccess:
+    states = cell_states(RUN_DIRS)
+    print(state_table(states))
+    if Path(f"{RESULTS}/report/index.html").exists():
+        print(f"report: {RESULTS}/report/index.html")
+    if MULTINODE and Path(MULTINODE_DIR, "result.json").exists():  # rule multinode ran: its outcome in one line
+        r = json.loads(Path(MULTINODE_DIR, "result.json").read_text())
+        print(
+            f"multinode {MULTINODE_NAME} ({NODES} node(s) x {NPROC_PER_NODE} rank(s)): {r['status']}, recovered "
+            f"{r['recovered']}, final state {str(r['final_state_sha256'])[:12]}, {MULTINODE_DIR}/result.json"
+        )
+    if failed_count(states) and not PIPELINE.allow_failed:
+        print(f"error: {failed_count(states)} cell(s) failed (--config allow_failed=true exits 0)")
+        sys.exit(1)
+
+
+onerror:
+    print(state_table(cell_states(RUN_DIRS)))

@@ -1,0 +1,66 @@
+"""The Snakefile's settings: the ``--config`` keys its docstring lists, checked, and what they prepare.
+
+They live here so that the Snakefile can open with its default target (the Snakefile holds no functions: Snakemake's
+lint asks for them elsewhere). A bad key ends Snakemake in one line naming it, before any job. Reading them also
+prepares what every rule's command inherits from the Snakemake process: the probe snapshot of this pipeline run
+(``RB_PROBE``, ``RB_ENVIRONMENT``) and the interpreter behind ``python``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from reports.cell import set_aside_noisy
+from reports.limits import snapshot_dir
+from reports.matrix import Matrix, MatrixError, load_matrix
+
+TRUE = ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One pipeline run's settings: the matrix, where its results go, the probe snapshot its cells record."""
+
+    matrix: Matrix
+    results: str  # results/<matrix> unless --config results=...
+    allow_failed: bool
+    probe: str  # the snapshot folder, results/<matrix>/probe/<stamp>
+    run_dirs: list[Path]  # one per cell, whether it ran or not
+
+
+def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
+    """Check Snakemake's ``config`` and prepare this pipeline run; a bad setting exits with one line."""
+    try:
+        matrix = load_matrix(str(config.get("matrix", "default")), check=True)  # every cell, as the command checks it
+    except MatrixError as exc:  # one line naming the key, not a traceback
+        sys.exit(f"error: {exc}")
+    results = str(config.get("results", f"results/{matrix.name}")).rstrip("/")  # one folder per matrix
+    allow_failed = str(config.get("allow_failed", "false")).lower() in TRUE
+    try:
+        max_age_h = float(config.get("probe_max_age_h", 0))
+        assert max_age_h >= 0
+    except (TypeError, ValueError, AssertionError):
+        sys.exit(f"error: probe_max_age_h={config.get('probe_max_age_h')}: must be a number of hours >= 0")
+    if str(config.get("rerun_noisy", "false")).lower() in TRUE:
+        # Cells measured on a busy host run again; what they measured is kept aside, never deleted. Before the
+        # snapshot is chosen below: those cells are then cells to run.
+        for name in set_aside_noisy(Path(results), [c.dir for c in matrix.cells]):
+            print(f"rerun_noisy: {name} was measured on a busy host; kept in {results}/noisy/, it runs again")
+    run_dirs = [Path(f"{results}/runs/{c.dir}") for c in matrix.cells]
+    cells_to_run = any(not (d / "done.json").exists() for d in run_dirs)
+    # The limits snapshot of this pipeline run (reports/limits.py): a new one when cells are about to run (unless one
+    # younger than probe_max_age_h exists). Every cell records it (reports/cell.py reads RB_PROBE); a job that
+    # Snakemake starts as its own process (SLURM) parses the Snakefile again and inherits the choice.
+    probe = os.environ.setdefault("RB_PROBE", str(snapshot_dir(Path(results), cells_to_run, max_age_h * 3600)))
+    # The environment (torch.utils.collect_env and more) is captured once per pipeline run, in the probe snapshot;
+    # each cell's result.json names it instead of spending a second per cell on its own copy.
+    os.environ.update(RB_ENVIRONMENT=str(Path(probe, "environment.json").resolve()))  # follows RB_PROBE
+    # `python` in every rule is the interpreter running Snakemake (the project's venv), activated or not.
+    os.environ.update(
+        PATH=os.pathsep.join([str(Path(config.get("python", sys.executable)).parent), os.environ.get("PATH", "")])
+    )
+    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs)
