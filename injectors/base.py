@@ -16,11 +16,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from torch.nn.parallel import DistributedDataParallel
+
+from resilience.caps import InjectorCaps
 from resilience.checks import require_int
 from resilience.named import Named
 from resilience.plan import fault_plan
 from resilience.record.events import read_events
 from resilience.runtime import CheckpointFileSystem, RankRuntime
+from resilience.state import TrainState
 
 PHASES = ("before_forward", "before_optimizer_step", "during_checkpoint")
 
@@ -33,6 +37,7 @@ class Injector(Named, ABC):
     """
 
     hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.reduce itself)
+    caps = InjectorCaps(when={"phase=during_checkpoint": {"needs_checkpoint": "fault.phase=during_checkpoint"}})
 
     def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward",
                  probability: float | None = None, count: int = 1, seed: int = 0) -> None:
@@ -45,18 +50,17 @@ class Injector(Named, ABC):
         if probability is not None and not (isinstance(probability, (int, float)) and 0 < probability <= 1):
             raise ValueError(f"fault.probability={probability}: must be a number in (0, 1], or null")
         self.phase, self.probability = phase, probability
+        self.caps = self.caps.under(phase=phase)
         self.plan: list[int] = [self.at_step]
         self.rt: RankRuntime | None = None
         self.fired: set[int] = set()
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
-        """Check the plan against the run (``ckpt_every`` is None when the strategy never checkpoints)."""
+        """Check the plan against the run (``ckpt_every`` is None when the strategy never checkpoints: the table
+        of rules refuses a fault that needs a checkpoint then, resilience.compat)."""
         if self.rank >= world_size:
             raise ValueError(f"fault.rank={self.rank}: must be in [0, {world_size - 1}] for world_size={world_size}")
-        if self.phase == "during_checkpoint":
-            if ckpt_every is None:
-                raise ValueError("fault.phase=during_checkpoint: the strategy never checkpoints; "
-                                 "choose before_forward or before_optimizer_step")
+        if self.phase == "during_checkpoint" and ckpt_every is not None:
             if self.at_step % ckpt_every or not 0 < self.at_step < steps:
                 raise ValueError(f"fault.at_step={self.at_step}: with fault.phase=during_checkpoint it must be a "
                                  f"checkpoint step (a multiple of checkpoint.every={ckpt_every} below steps={steps})")
@@ -73,8 +77,6 @@ class Injector(Named, ABC):
         """The ranks this fault acts on."""
         return {self.rank}
 
-    acts_on_checkpoint_fs: bool = False  # True: the fault reaches a rank only through ``checkpoint_fs``
-
     def checkpoint_fs(self, rank: int) -> CheckpointFileSystem | None:
         """The service this fault provides to rank ``rank``'s runtime: the checkpoint I/O layer (None: plain)."""
         return None
@@ -87,10 +89,10 @@ class Injector(Named, ABC):
         self._steps = {step: i for i, step in enumerate(self.plan)}
         self._mine = rt.rank in self.targets()
 
-    def arm(self, state: Any) -> None:
+    def arm(self, state: TrainState) -> None:
         """Install hooks into the training state (model, optimizer) if the fault needs them."""
 
-    def hook_reduction(self, ddp: Any) -> None:
+    def hook_reduction(self, ddp: DistributedDataParallel) -> None:
         """With ``hooks_reduction``: register the DDP comm hook (on every DDP wrapper the rank builds)."""
 
     def cleanup(self) -> None:

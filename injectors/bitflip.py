@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from injectors.base import Injector
 from resilience.checks import require_int
 from injectors.bits import BIT_CLASSES, choose_bits, flip_bits, pick_element
 from resilience.reduce import reduce_hook_for
+from resilience.state import TrainState
 from resilience.ckpt.commit import CheckpointDir
 from resilience.workloads.base import stream_seed
 
@@ -36,6 +39,10 @@ TARGET_PHASE = {"weights": "before_forward", "optimizer": "before_forward", "gra
 
 
 class BitFlip(Injector):
+
+    # Its targets reach into DDP's module and reduction (grads_pre hooks it); target=checkpoint acts on a checkpoint.
+    caps = replace(Injector.caps, reaches_into_ddp=True,
+                   when={**Injector.caps.when, "target=checkpoint": {"needs_checkpoint": "fault.target=checkpoint"}})
 
     def __init__(self, target: str = "weights", bit: int | str = "exponent", bits: int = 1, **trigger: Any) -> None:
         if target not in TARGETS:
@@ -49,6 +56,7 @@ class BitFlip(Injector):
             raise ValueError(f"fault.bit={bit}: must be a bit index or one of {', '.join(BIT_CLASSES)}")
         self.target, self.bit, self.nbits = target, bit, require_int("fault.bits", bits, 1)
         self.hooks_reduction = target == "grads_pre"
+        self.caps = self.caps.under(target=target)
         self._step: int | None = None
         self._handles: list[Any] = []
 
@@ -56,14 +64,14 @@ class BitFlip(Injector):
         super().validate(world_size, steps, ckpt_every)
         if self.target == "optimizer" and self.at_step < 1:
             raise ValueError("fault.at_step=0: fault.target=optimizer needs at least one step (Adam has no state yet)")
-        if self.target == "checkpoint" and (ckpt_every is None or self.at_step <= ckpt_every):
+        if self.target == "checkpoint" and ckpt_every is not None and self.at_step <= ckpt_every:
             raise ValueError(f"fault.at_step={self.at_step}: fault.target=checkpoint needs a committed checkpoint "
-                             f"before it (a strategy that checkpoints, at_step > checkpoint.every)")
+                             f"before it (at_step > checkpoint.every={ckpt_every})")
 
     def _rng(self, index: int) -> random.Random:
         return random.Random(stream_seed(self.seed, self.name, self.target, index))
 
-    def hook_reduction(self, ddp: Any) -> None:
+    def hook_reduction(self, ddp: DistributedDataParallel) -> None:
         # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
         # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
         self._reduce = reduce_hook_for(self.rt.world_size)
@@ -73,7 +81,7 @@ class BitFlip(Injector):
 
         ddp.register_comm_hook(None, hook)
 
-    def arm(self, state: Any) -> None:
+    def arm(self, state: TrainState) -> None:
         self.state = state
         if not self._mine:
             return

@@ -23,9 +23,12 @@ from typing import Any
 import torch
 
 from injectors.base import Injector
+from resilience.record.torch_workarounds import declare
 
 MODES = ("stall", "sigstop", "gil", "gpu_sleep")
 FOREVER_S = 10**6
+GPU_SLEEP = declare("cuda_sleep_kernel", "torch.cuda._sleep is the only spinning kernel torch ships: it keeps the "
+                    "GPU busy without a custom extension", ("2.13.0",), __name__)
 
 
 class Hang(Injector):
@@ -43,6 +46,8 @@ class Hang(Injector):
         super().validate(world_size, steps, ckpt_every)
         if self.mode == "gpu_sleep" and not torch.cuda.is_available():
             raise ValueError("fault.mode=gpu_sleep: needs a CUDA device; use stall, sigstop or gil on CPU")
+        if self.mode == "gpu_sleep":
+            GPU_SLEEP.check()
 
     def _plan_detail(self, step: int) -> dict[str, Any]:
         return {"mode": self.mode, "duration_s": self.duration_s, "pid": os.getpid()}
@@ -59,6 +64,7 @@ class Hang(Injector):
             # ctypes.PyDLL keeps the GIL across the foreign call (CDLL would release it): no Python thread runs.
             ctypes.PyDLL(None).sleep(ctypes.c_uint(max(1, round(seconds))))
         else:
+            GPU_SLEEP.acted(self.rt.events)  # declared before the spin: the rank is killed while it waits
             _gpu_spin(self.rt.device, seconds)
 
     def cleanup(self) -> None:

@@ -8,6 +8,7 @@ supervisor's to act on (it reads the setting through the recovery policy); the r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from injectors.kill import Kill
@@ -17,17 +18,20 @@ from resilience.checks import require_int, require_number
 class NodeLoss(Kill):
     """Kills every rank of the simulated node that holds ``fault.rank`` (ranks grouped by ``ranks_per_node``)."""
 
+    caps = replace(Kill.caps, of_setting={"returns_after_s": "return_after_s"})
+
     def __init__(self, ranks_per_node: int = 1, return_after_s: float | None = None, **kw: Any) -> None:
         super().__init__(**kw)
-        self.ranks_per_node = require_int("fault.ranks_per_node", ranks_per_node, 1)
+        self.ranks_per_node = require_int("ranks_per_node", ranks_per_node, 1)  # the run's (conf/config.yaml)
         # None: the node never returns (the job goes on without it or waits for a spare)
         self.return_after_s = None if return_after_s is None else require_number(
             "fault.return_after_s", return_after_s, at_least=0)
+        self.caps = self.caps.under(return_after_s=self.return_after_s)
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         super().validate(world_size, steps, ckpt_every)
         if world_size % self.ranks_per_node:
-            raise ValueError(f"fault.ranks_per_node={self.ranks_per_node}: must divide world_size={world_size}")
+            raise ValueError(f"ranks_per_node={self.ranks_per_node}: must divide world_size={world_size}")
         self.world_size = world_size
 
     def node(self) -> int:

@@ -18,6 +18,7 @@ import errno
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator
 
 from torch.distributed.checkpoint.filesystem import FileSystem
@@ -25,6 +26,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from injectors.base import Injector
 from injectors.kill import die
 from resilience.checks import require_choice, require_int, require_number
+from resilience.state import TrainState
 
 MODES = ("throttle", "enospc", "eio", "torn_write")
 
@@ -81,7 +83,7 @@ class FaultyFileSystem(FileSystem):
 
 class SlowDisk(Injector):
 
-    acts_on_checkpoint_fs = True
+    caps = replace(Injector.caps, acts_on_checkpoint_fs=True)  # it reaches a rank only through ``checkpoint_fs``
 
     def __init__(self, mode: str = "throttle", mbps: float = 50.0, latency_ms: float = 0.0, budget_mb: float = 1.0,
                  kth_write: int = 1, offset_bytes: int = 4096, **trigger: Any) -> None:
@@ -104,7 +106,7 @@ class SlowDisk(Injector):
     def checkpoint_fs(self, rank: int) -> FaultyFileSystem | None:
         return FaultyFileSystem(self) if rank in self.targets() else None
 
-    def arm(self, state: Any) -> None:
+    def arm(self, state: TrainState) -> None:
         if self._mine:
             # After a restart a slow or full disk is as bad as before; a torn write was a one-off.
             self.active = bool(self.fired) and self.mode != "torn_write"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 import json
-from pathlib import Path
+from functools import cache
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -23,32 +23,31 @@ from matplotlib.figure import Figure
 from reports import stats
 from reports.figures import interval_bars
 from reports.tables import bit_exact, col, finished, medians, noisy, order, with_ratios
-from resilience.named import base_option
+from resilience import compat
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-# The technique each strategy implements; a strategy not listed (none, replica) is not a checkpointing technique.
-FAMILIES = {
-    "sync": "blocking",
-    "async": "async snapshot + persist", "dcp_async": "async snapshot + persist",
-    "dcp_async_staged": "async snapshot + persist", "dcp_async_process": "async snapshot + persist",
-    "dcp_async_staged_process": "async snapshot + persist", "torchsnapshot": "async snapshot + persist",
-    "nvrx_async": "async snapshot + persist", "nvrx_async_dcp": "async snapshot + persist",
-    "inmemory": "in-memory", "dlrover_flash": "in-memory",
-}
-# Cells no matrix may hold (the command refuses them in one line, resilience.roles): said here, never a silent pass.
-NOT_APPLICABLE = ("Not applicable: <code>fault=slow_disk</code> (throttle, enospc, torn_write) to torchsnapshot, "
-                  "nvrx_async, nvrx_async_dcp, dlrover_flash and DCP's process executor (dcp_async_process, "
-                  "dcp_async_staged_process): they open their checkpoint files themselves, not through DCP's "
-                  "file-system layer that this fault acts on.")
 MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",
             "recovery_s": "recovery_time_s", "lost_steps": "lost_steps"}
 TIMED = ("stall_s", "durable_s", "recovery_s")  # drawn, and compared with sync
 
 
+@cache
+def families() -> dict[str, str]:
+    """The technique each strategy option implements, as its class declares it (``caps.family``); a strategy without
+    one (none, replica) is not a checkpointing technique."""
+    return {name: o.caps.family for name, o in compat.options("strategy").items() if o.caps.family}
+
+
 def family(strategy: str) -> str | None:
-    """The technique family of an option, or of the option it is a variant of; None for a strategy that does not
-    checkpoint."""
-    return FAMILIES.get(strategy) or FAMILIES.get(base_option(CONF_DIR / "strategy", strategy))
+    """The technique family of an option (a variant's is its role's); None for a strategy that does not checkpoint."""
+    return families().get(strategy)
+
+
+def not_applicable() -> str:
+    """Cells no matrix may hold: what the table of rules refuses of a fault for a strategy (the command refuses
+    them in one line, resilience/compat.py), said here, never a silent pass."""
+    said = [f"{refused} ({r.doc.rstrip('.')})" for r in compat.RULES if set(r.reads) == {"fault", "strategy"}
+            if (refused := compat.refused(r))]
+    return f"Not applicable: {html.escape('; '.join(said), quote=False)}." if said else ""
 
 
 def checkpointing(frame: pd.DataFrame) -> pd.DataFrame:
@@ -146,7 +145,7 @@ def peers_note(frame: pd.DataFrame) -> str:
                          f"</code></li>")
     found = f"<ul>{''.join(items)}</ul>" if items else "<p>No finding: every library run ended bit-exact.</p>"
     return (f"<p class=\"note\">Findings about the libraries (reproduce each with its command):</p>{found}"
-            f"<p class=\"note\">{NOT_APPLICABLE}</p>")
+            f"<p class=\"note\">{not_applicable()}</p>")
 
 
 def _first(group: pd.DataFrame, column: str) -> str:

@@ -25,6 +25,7 @@ from reports.figures import empty  # noqa: E402
 from reports.html import esc  # noqa: E402
 from reports.tables import order  # noqa: E402
 from resilience.record.events import read_events  # noqa: E402
+from resilience.record.query import durable_times, stalls  # noqa: E402
 from resilience.trace import trace  # noqa: E402
 
 _PAL = sns.color_palette("colorblind")
@@ -64,7 +65,6 @@ def segments(events: list[dict]) -> pd.DataFrame:
         if e["kind"] == "step_end":
             last_attempt[(e["rank"], e["step"])] = max(last_attempt.get((e["rank"], e["step"]), -1), e["attempt"])
     starts = {0: t0} | {e["attempt"]: e["t_mono"] for e in events if e["kind"] == "restart"}
-    begins = {}
     end = next((e for e in events if e["kind"] == "supervisor_end"), events[-1])
     add(launch, "supervisor", t0, end["t_mono"])
     for e in events:
@@ -74,15 +74,13 @@ def segments(events: list[dict]) -> pd.DataFrame:
             add(e, "lost step" if lost else "step", t - e.get("duration_s", 0.0), t)
         elif kind == "run_start":
             add(e, "start-up", starts.get(e["attempt"], t), t)
-        elif kind == "ckpt_begin":
-            begins[(e["rank"], e["attempt"], e["step"])] = t
-        elif kind in ("ckpt_stall_end", "ckpt_durable") and (e["rank"], e["attempt"], e["step"]) in begins:
-            add(e, "checkpoint stall" if kind == "ckpt_stall_end" else "until durable",
-                begins[(e["rank"], e["attempt"], e["step"])], t)
         elif kind == "ckpt_loaded":
             add(e, "checkpoint load", t - e.get("duration_s", 0.0), t)
         elif kind in ("fault_injected", "fault_detected", "restart", "resumed"):
             add(e, kind.replace("_", " "), t, t)
+    for label, saves in (("checkpoint stall", stalls(events)), ("until durable", durable_times(events))):
+        for s in saves:
+            add(s.closing, label, s.start, s.end)
     return pd.DataFrame(out)
 
 

@@ -27,6 +27,7 @@ from resilience.identity import new_run_id
 from resilience.record.quick_exit import exit_now
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
+from resilience.record.reference import judge
 from resilience.record.result import summarize, write_result
 
 if TYPE_CHECKING:
@@ -69,10 +70,10 @@ def main(cfg: DictConfig) -> None:
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
     supervisor = supervisor_for(cfg, config_path, roles)
-    for caveat in [*roles.policy.caveats(roles.injector), *getattr(supervisor, "caveats", list)()]:
+    for caveat in [*roles.policy.caveats(roles.injector), *supervisor.caveats()]:
         print(f"warning: {caveat}", file=sys.stderr, flush=True)
     outcome = supervisor.run()
-    result = write_result(run_dir)
+    result = write_result(run_dir, judge=lambda r: judge(cfg, run_dir, r, list(hc.overrides.task)))
     lock.release()  # held until here: the directory was this run's while anything could write to it
     drop_checkpoints(cfg, multirun=hc.mode == RunMode.MULTIRUN)
     if outcome == "interrupted":  # Ctrl-C or SIGTERM: one line, the exit status of a process the signal ended
@@ -159,7 +160,7 @@ def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervis
         return FtLauncherSupervisor(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
     if cfg.supervisor.launcher == "torchrun":
         return TorchrunSupervisor(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
-    kind = ReplacingSupervisor if roles.strategy.recovers_in_place else ElasticSupervisor
+    kind = ReplacingSupervisor if roles.strategy.caps.recovers_in_place else ElasticSupervisor
     return kind(cfg, config_path, roles.strategy, roles.detectors, roles.policy)
 
 

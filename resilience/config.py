@@ -6,6 +6,7 @@ into that line (exit status 2, no traceback).
 
 from __future__ import annotations
 
+import copy
 import os
 import runpy
 from importlib.util import find_spec
@@ -169,10 +170,35 @@ def auto_fault_step(cfg: DictConfig) -> int:
     return next((step for step in candidates if 0 < step < steps), 0)
 
 
+def ranks_per_node_from_fault(cfg: DictConfig) -> DictConfig:
+    """``fault.ranks_per_node=N``, the setting's name when the fault owned it, sets the run's ``ranks_per_node``
+    (which the fault, the strategy and the recovery all read), so command lines and matrices that name it run as
+    before; given with a different ``ranks_per_node``, it is refused in one line. Before interpolations resolve."""
+    fault = cfg.get("fault")
+    if not isinstance(fault, DictConfig) or "ranks_per_node" not in fault:
+        return cfg
+    if OmegaConf.to_container(fault, resolve=False).get("ranks_per_node") == "${ranks_per_node}":
+        return cfg  # the run's, as conf/fault/node_loss.yaml has it
+    try:
+        value, run = fault.ranks_per_node, cfg.get("ranks_per_node", 1)
+    except OmegaConfBaseException:
+        return cfg  # an interpolation that cannot be resolved: _resolved names it
+    value = require_int("fault.ranks_per_node", value, 1)
+    if run not in (1, value):
+        raise ConfigError(f"fault.ranks_per_node={value}: differs from ranks_per_node={run} (the run's ranks per "
+                          f"node, of which fault.ranks_per_node is the old name); give ranks_per_node alone")
+    cfg = copy.deepcopy(cfg)  # the caller's composition stays as it was composed
+    with open_dict(cfg):
+        cfg.ranks_per_node = value
+    return cfg
+
+
 def _resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConfig:
-    cfg = _resolved(cfg)
+    cfg = _resolved(ranks_per_node_from_fault(cfg))
     check_ranges(cfg)  # types were checked while Hydra composed (the schema); bounds need resolved values
     world = int(cfg.world_size)
+    if world % int(cfg.get("ranks_per_node", 1)):
+        raise ConfigError(f"ranks_per_node={cfg.ranks_per_node}: must divide world_size={world} (nodes of equal size)")
     if OmegaConf.select(cfg, "fault.at_step") == "auto":
         with open_dict(cfg):
             cfg.fault.at_step = auto_fault_step(cfg)

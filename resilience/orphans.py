@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -68,3 +69,21 @@ def _kill_and_reap(pids: set[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
+
+
+TORCH_SEGMENT = re.compile(r"^torch_(\d+)_")  # torch's shared-memory files: torch_<creating pid>_<random>_<n>
+
+
+def remove_torch_segments(pids: set[int], shm_dir: Path = Path("/dev/shm")) -> list[tuple[str, int]]:
+    """Remove the shared-memory files torch made for tensors that processes of the run (``pids``, all ended)
+    handed to other processes: a library's checkpoint worker (DCP's process executor, NVRx's async worker) gets
+    them so, and a process SIGKILLed never unlinks them (70 MB each in the peers matrix). Return (name, bytes)."""
+    removed = []
+    for path in shm_dir.glob("torch_*"):
+        match = TORCH_SEGMENT.match(path.name)
+        if match and int(match.group(1)) in pids:
+            with contextlib.suppress(OSError):
+                size = path.stat().st_size
+                path.unlink()
+                removed.append((path.name, size))
+    return removed

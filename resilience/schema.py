@@ -84,6 +84,18 @@ class Validity:
     sample_s: Number = above(0, 1.0)
 
 
+class ReferenceCheck(str, Enum):
+    auto = "auto"
+    run = "run"
+    none = "none"
+
+
+@dataclass
+class Reference:
+    check: ReferenceCheck = ReferenceCheck.auto
+    index: str = "results/references"
+
+
 @dataclass
 class Experiment:
     """Defaults here only fill what config.yaml leaves out; config.yaml's values are the ones that count."""
@@ -97,6 +109,7 @@ class Experiment:
     seed: int = at_least(0, 0)
     steps: int = at_least(1, 30)
     world_size: int = at_least(1, 2)
+    ranks_per_node: int = at_least(1, 1)  # a run-wide fact: the fault, strategy and recovery all read it
     device: Device = Device.auto
     backend: Backend = Backend.auto
     threads_per_rank: Any = "auto"  # auto | an integer >= 1 (checked once auto is resolved on the rank's node)
@@ -105,6 +118,7 @@ class Experiment:
     timeouts: Timeouts = field(default_factory=Timeouts)
     supervisor: Supervisor = field(default_factory=Supervisor)
     validity: Validity = field(default_factory=Validity)
+    reference: Reference = field(default_factory=Reference)
 
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=Experiment)

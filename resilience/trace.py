@@ -28,12 +28,11 @@ from typing import Any
 
 from resilience.record.events import EVENTS_FILE, read_events
 from resilience.record.fsio import atomic_write_json
-from resilience.record.metrics import _first_detection, _recovery_trace  # the phases' bounds, as result.json's
+from resilience.record.query import durable_times, first_detection, recovery_window, stalls
 
 TRACE_FILE = "trace.json"
 PID = 1
 SUPERVISOR_TID, RECOVERY_TID = 0, 100_000  # rank r is track r + 1; recovery last
-SPANS = {"ckpt_stall_end": "checkpoint stall"}  # ends of a slice that began with ckpt_begin on the same track
 BORING = {"step_end", "run_start", "ckpt_begin", "ckpt_stall_end", "ckpt_durable", "ckpt_loaded"}  # drawn as slices
 
 
@@ -90,32 +89,29 @@ class Trace:
                 key = (e["rank"], e["step"])
                 last_attempt[key] = max(last_attempt.get(key, -1), e["attempt"])
         starts = {0: self.launch[clock]} | {e["attempt"]: e[clock] for e in self.events if e["kind"] == "restart"}
-        begins: dict[tuple, float] = {}
         end = next((e for e in self.events if e["kind"] == "supervisor_end"), self.events[-1])
         self.slice(SUPERVISOR_TID, "supervisor", "supervisor", self.launch[clock], end[clock])
-        for n, e in enumerate(self.events):
-            kind, t, track, where = e["kind"], e[clock], tid(e["rank"]), (e["rank"], e["attempt"], e["step"])
+        for e in self.events:
+            kind, t, track = e["kind"], e[clock], tid(e["rank"])
             if kind == "step_end":
                 lost = last_attempt[(e["rank"], e["step"])] > e["attempt"]
                 self.slice(track, f"{'lost step' if lost else 'step'} {e['step']}", "lost step" if lost else "step",
                            t - e.get("duration_s", 0.0), t, attempt=e["attempt"], loss=e.get("loss"))
             elif kind == "run_start":
                 self.slice(track, "start-up", "start-up", starts.get(e["attempt"], t), t, attempt=e["attempt"])
-            elif kind == "ckpt_begin":
-                begins[where] = t
-            elif kind in SPANS and where in begins:
-                self.slice(track, f"{SPANS[kind]} {e['step']}", "checkpoint", begins[where], t, attempt=e["attempt"])
-            elif kind == "ckpt_durable" and where in begins:
-                # Async: an asynchronous save is durable after later steps began; slices on a track must nest.
-                common = {"pid": PID, "tid": track, "cat": "checkpoint", "name": f"until durable {e['step']}", "id": n}
-                self.out.append({"ph": "b", "ts": self.us(begins[where]), **common, "args": {"bytes": e.get("bytes")}})
-                self.out.append({"ph": "e", "ts": self.us(t), **common})
             elif kind == "ckpt_loaded":
                 self.slice(track, "checkpoint load", "checkpoint", t - e.get("duration_s", 0.0), t,
                            source=e.get("source"), bytes=e.get("bytes"))
             if kind not in BORING:
                 args = {k: v for k, v in e.items() if k not in ("t_wall", "t_mono", "kind", "rank", "host")}
                 self.instant(track, kind, _category(kind), t, args)
+        for s in stalls(self.events, clock):
+            self.slice(tid(s.rank), f"checkpoint stall {s.step}", "checkpoint", s.start, s.end, attempt=s.attempt)
+        for n, s in enumerate(durable_times(self.events, clock)):
+            # Async: an asynchronous save is durable after later steps began; slices on a track must nest.
+            common = {"pid": PID, "tid": tid(s.rank), "cat": "checkpoint", "name": f"until durable {s.step}", "id": n}
+            self.out.append({"ph": "b", "ts": self.us(s.start), **common, "args": {"bytes": s.closing.get("bytes")}})
+            self.out.append({"ph": "e", "ts": self.us(s.end), **common})
 
     def _recovery(self) -> None:
         """Per injected fault, the phases between the events that result.json's recovery_breakdown_s measures
@@ -123,15 +119,15 @@ class Trace:
         clock = self.clock
         for fault in (e for e in self.events if e["kind"] == "fault_injected"):
             label = f"step {fault['step']}, rank {fault.get('target_rank', fault['rank'])}"
-            detection = _first_detection(self.events, fault)
-            rec = _recovery_trace(self.events, fault)
+            detection = first_detection(self.events, fault)
+            rec = recovery_window(self.events, fault)
             t_detect = detection[clock] if detection else fault[clock]
             if detection:
                 self.slice(RECOVERY_TID, "detect", "recovery", fault[clock], t_detect, fault=label,
                            detector=detection.get("detector"))
             if rec is None:
                 continue
-            t_loaded = rec.loaded[clock] if rec.loaded else rec.start[clock]
+            t_loaded = rec.ready[clock]
             self.slice(RECOVERY_TID, "restart", "recovery", t_detect, rec.start[clock], fault=label)
             self.slice(RECOVERY_TID, "load", "recovery", rec.start[clock], t_loaded, fault=label,
                        source=rec.loaded.get("source") if rec.loaded else "none")

@@ -15,6 +15,7 @@ from resilience import child
 from resilience.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.environment import ENV_VAR
+from resilience.record.reference import INDEX_VAR as REFERENCE_INDEX_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +37,9 @@ def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
 
 
 def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict:
-    """Run one experiment to completion, assert the harness succeeded and left no process, return result.json."""
+    """Run one experiment to completion, assert the harness succeeded and left no process and no /dev/shm entry
+    (the supervisor's to remove, killed ranks' included), return result.json."""
+    shm_before = set(os.listdir(SHM_DIR))
     done = run_cli(*overrides, f"hydra.run.dir={run_dir}", timeout=timeout)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     deadline = time.monotonic() + 10
@@ -44,6 +47,8 @@ def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict
         time.sleep(0.1)
     assert processes_mentioning(str(run_dir)) == [], "rank processes outlived the run"
     assert list(SHM_DIR.glob(f"*{run_id(run_dir)}*")) == [], "shared memory outlived the run"
+    left = sorted(set(os.listdir(SHM_DIR)) - shm_before)
+    assert left == [], f"/dev/shm entries outlived the run: {left}"
     return json.loads((run_dir / "result.json").read_text())
 
 
@@ -52,8 +57,10 @@ def shared_environment(tmp_path_factory):
     """Every run of the session names one environment.json, captured by the first (torch.utils.collect_env costs
     0.4-4 s a run), as pipeline cells name their probe snapshot's."""
     os.environ[ENV_VAR] = str(tmp_path_factory.mktemp("environment") / "environment.json")  # children inherit it
+    os.environ[REFERENCE_INDEX_VAR] = str(tmp_path_factory.mktemp("references"))  # not the project's results/
     yield
     os.environ.pop(ENV_VAR, None)
+    os.environ.pop(REFERENCE_INDEX_VAR, None)
 
 
 @pytest.fixture(scope="session")

@@ -71,10 +71,25 @@ def test_resolve_rejects_during_checkpoint_without_checkpoints(tmp_path):
                 tmp_path, {})
 
 
+def test_ranks_per_node_is_the_runs_and_fault_ranks_per_node_sets_it(tmp_path):
+    """The node fault, the in-memory peer copy and the shrink read one run-wide setting; the name it had when the
+    fault owned it (fault.ranks_per_node, in older command lines and in conf/matrix/sharded.yaml) still sets it."""
+    base = ("fault=node_loss", "fault.rank=1", "world_size=4", "strategy=inmemory", "recovery=shrink")
+    new, old = (resolve(composed(*base, setting), tmp_path, {}) for setting in ("ranks_per_node=2",
+                                                                               "fault.ranks_per_node=2"))
+    assert new == old
+    assert {new.ranks_per_node, new.fault.ranks_per_node, new.strategy.ranks_per_node,
+            new.recovery.ranks_per_node} == {2}
+
+
 BAD = [
     (("strategy=nope",), "strategy=nope", "allowed: "),
     (("steps=0",), "steps=0", ">= 1"),
     (("world_size=0",), "world_size=0", ">= 1"),
+    (("ranks_per_node=0",), "ranks_per_node=0", ">= 1"),
+    (("world_size=4", "ranks_per_node=3"), "ranks_per_node=3", "must divide world_size=4"),
+    (("fault=node_loss", "world_size=4", "ranks_per_node=2", "fault.ranks_per_node=4"), "fault.ranks_per_node=4",
+     "give ranks_per_node alone"),
     (("fault=kill", "fault.at_step=500", "steps=30"), "fault.at_step=500", "[0, 29]"),
     (("fault=kill", "fault.rank=5", "world_size=2"), "fault.rank=5", "[0, 1]"),
     (("checkpoint.every=-1",), "checkpoint.every=-1", ">= 1"),

@@ -75,7 +75,7 @@ SCENARIOS: list[tuple[str, tuple[str, ...], Callable]] = [
     ("kill", ("fault=kill", "fault.at_step=7"), kill_observed),
     ("hang-stall", ("fault=hang", "fault.mode=stall", "fault.at_step=7"), stall_times_out),
     ("hang-sigstop", ("fault=hang", "fault.mode=sigstop", "fault.at_step=7"), recovered_bit_exact),
-    ("node_loss", ("fault=node_loss", "fault.ranks_per_node=1", "fault.at_step=12"), recovered_bit_exact),
+    ("node_loss", ("fault=node_loss", "ranks_per_node=1", "fault.at_step=12"), recovered_bit_exact),
     ("torn_write", ("fault=slow_disk", "fault.mode=torn_write", "fault.at_step=6"), recovered_bit_exact),
     ("slow_disk", ("fault=slow_disk", "fault.mbps=10"), slow_save),
     ("enospc", ("fault=slow_disk", "fault.mode=enospc", "fault.at_step=6", "fault.budget_mb=1"),

@@ -14,7 +14,7 @@ from resilience.recovery.grow import Grow
 from resilience.record.world import world_sizes
 from resilience.supervise.elastic import EventTail
 
-NODE = ("fault=node_loss", "fault.ranks_per_node=2", "fault.rank=1", "world_size=4")
+NODE = ("fault=node_loss", "ranks_per_node=2", "fault.rank=1", "world_size=4")
 BACK = (*NODE, "fault.return_after_s=5")
 REFUSED = [
     (("recovery=grow", *NODE), "recovery=grow", "fault.return_after_s"),

@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from injectors.base import Injector
+from resilience import compat
 from resilience.config import auto_fault_step
 from resilience.config import CONF_DIR
 from resilience.detectors.base import Detector
@@ -28,7 +29,8 @@ PACKAGES = ("resilience", "injectors", "reports")
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("resilience.checks", "resilience.named", "resilience.child", "resilience.orphans",
                 "resilience.state", "resilience.plan", "resilience.schema", "resilience.command_line", "resilience.cli_help", "resilience.reduce",
-                "resilience.identity", "resilience.record", "resilience.workloads")),
+                "resilience.identity", "resilience.record", "resilience.workloads", "resilience.caps",
+                "resilience.compat")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "resilience.parallel",
                "injectors")),
@@ -158,6 +160,8 @@ def test_every_option_builds_its_role_under_its_own_name(group, option):
         role.validate(int(cfg.world_size), int(cfg.steps), cfg.checkpoint.every)
     if group != "workload":  # a workload is named by its YAML alone (two options share the GPT class)
         assert role.name == variant_of(group, option)
+    # what the table of rules reads of the option without building it is what the built role declares
+    assert role.caps == compat.options(group)[option].caps
 
 
 def variant_of(group: str, option: str) -> str:

@@ -185,7 +185,7 @@ def test_bad_settings_name_the_field(cls, kwargs, message):
 
 def test_torn_last_line_is_skipped(tmp_path):
     ev = EventLog(tmp_path, 0, 0)
-    ev.emit("step_end", step=1)
+    ev.emit("step_end", step=1, loss=0.5, duration_s=0.1)
     ev.close()
     with open(tmp_path / "events.jsonl", "a") as f:
         f.write('{"kind": "step_e')  # a process killed in the middle of a write

@@ -248,7 +248,7 @@ CASES = [  # (id, overrides, {rank: (source, step)}, memory fallback expected)
      {0: ("memory", 10), 1: ("memory", 10)}, False),  # rank 1's step-12 slot is half-written: both load step 10
     ("node-loss-peer-copy", ("fault=node_loss", "fault.rank=1", "fault.at_step=13"),
      {0: ("memory", 12), 1: ("peer_memory", 12)}, False),
-    ("whole-world-one-node", ("fault=node_loss", "fault.ranks_per_node=2", "fault.rank=1", "fault.at_step=13",
+    ("whole-world-one-node", ("fault=node_loss", "ranks_per_node=2", "fault.rank=1", "fault.at_step=13",
                               "strategy.persist_every=4"), {0: ("disk", 8), 1: ("disk", 8)}, True),
 ]
 

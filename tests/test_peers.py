@@ -205,4 +205,6 @@ def test_report_compares_ours_with_each_library_and_lists_findings_with_their_co
     assert table.loc["nvrx_async_unstaged", "bit_exact"].startswith("no")
     note = peers_note(frame)
     assert "python -m resilience strategy=nvrx_async_unstaged" in note and "left 1 process" in note
-    assert "strategy=torchsnapshot" not in note  # bit-exact and clean: not a finding
+    findings, _, not_applicable = note.partition("Not applicable: ")
+    assert "strategy=torchsnapshot" not in findings  # bit-exact and clean: not a finding
+    assert "fault=slow_disk: strategy=dcp_async (executor=process)" in not_applicable  # from the table of rules

@@ -186,7 +186,7 @@ def test_out_of_budget_is_unrecovered_and_leaves_nothing(tmp_path):
 def test_every_replica_lost_at_once_ends_the_run_without_spending_the_budget(tmp_path):
     """The node of both ranks is lost: no rank holds the state, the replacements say so (exit 76) and the
     supervisor ends the run there (one restart, not the budget's three), with the reason in result.json."""
-    result = run_experiment(tmp_path / "run", *COMMON, "fault=node_loss", "fault.ranks_per_node=2", "fault.rank=1",
+    result = run_experiment(tmp_path / "run", *COMMON, "fault=node_loss", "ranks_per_node=2", "fault.rank=1",
                             "fault.at_step=5")
     assert result["status"] == "unrecovered" and result["attempts"] == 2
     assert result["unrecoverable"] == "no rank holds the training state (every replica was lost at once)"

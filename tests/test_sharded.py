@@ -64,7 +64,7 @@ def test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state(tmp
 # inmemory case loses node 0 (ranks 0 and 1, their memory wiped): they take their shards from the peer copies held
 # by the same shards' ranks of the other replica group.
 KILL = ("fault=kill", "fault.rank=1")
-NODE_LOSS = ("fault=node_loss", "fault.ranks_per_node=2", "fault.rank=1")
+NODE_LOSS = ("fault=node_loss", "ranks_per_node=2", "fault.rank=1")
 E2E = [("fsdp", "sync", (*KILL, "fault.phase=before_forward", "fault.at_step=7")),
        ("hsdp", "dcp_async", (*KILL, "fault.phase=during_checkpoint", "fault.at_step=8")),
        ("fsdp", "async", (*KILL, "fault.phase=during_checkpoint", "fault.at_step=8")),
@@ -80,6 +80,8 @@ def test_sharded_kill_and_recover_bit_exact(tmp_path, sharded_fault_free, parall
                          timeout=400)
     assert hit["status"] == "ok" and hit["recovered"]
     assert hit["final_state_sha256"] == sharded_fault_free(parallel)
+    # the torch internals it relied on, declared by the supervisor (the agent's hooks) and the ranks (FSDP's comm)
+    assert {"elastic_agent_hooks", "fsdp_custom_reduce_scatter"} <= set(hit["torch_workarounds"])
     if strategy == "inmemory":  # the lost node's ranks loaded their shards from the other replica's memory
         loaded = {e["rank"]: e["source"] for e in read_events(tmp_path / "hit") if e["kind"] == "ckpt_loaded"}
         assert loaded == {0: "peer_memory", 1: "peer_memory", 2: "memory", 3: "memory"}, loaded

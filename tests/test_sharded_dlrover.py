@@ -100,5 +100,5 @@ def test_hsdp_killed_in_a_save_restores_every_rank_from_dlrovers_memory_bit_exac
 def test_a_shrink_of_dlrovers_sharded_state_is_refused_in_one_line(tmp_path):
     """Its memory copy holds each old rank's shards, and DLRover's saver keeps the shard count it started with."""
     line = refusal(tmp_path, ("parallel=fsdp", "world_size=4", "strategy=dlrover_flash", "fault=node_loss",
-                              "fault.ranks_per_node=2", "fault.rank=1", "recovery=shrink"))
+                              "ranks_per_node=2", "fault.rank=1", "recovery=shrink"))
     assert "\n" not in line and "recovery=shrink" in line and "strategy=dlrover_flash" in line, line

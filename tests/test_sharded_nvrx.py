@@ -43,13 +43,13 @@ def test_as_shipped_the_request_carries_the_librarys_own_preload():
     strategy = NvrxAsyncDcpCheckpoint(every=4, keep=2, patches="none")
     strategy._in_force = {p.name for p in strategy.patches}
     assert strategy.patches == [] and strategy._preload(None, "shipped") == "shipped"
-    assert strategy.handles_sharded_state()
+    assert strategy.caps.shards_state
 
 
 @pytest.mark.parametrize("overrides", [("parallel=fsdp", "strategy=nvrx_async_dcp"),
                                        ("parallel=hsdp", "world_size=4", "strategy=nvrx_async_dcp"),
                                        ("parallel=fsdp", "strategy=nvrx_async_dcp", "fault=node_loss",
-                                        "fault.ranks_per_node=2", "fault.rank=1", "recovery=shrink")])
+                                        "ranks_per_node=2", "fault.rank=1", "recovery=shrink")])
 def test_nvrx_async_dcp_runs_with_sharded_state_and_reshards(tmp_path, overrides):
     argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
     check_group_choices(argv)

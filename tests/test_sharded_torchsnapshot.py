@@ -54,8 +54,8 @@ def test_a_dtensor_is_taken_for_a_plain_tensor(fsdp2_state):
 
 def test_the_strategy_refuses_sharded_state_and_says_why():
     strategy = TorchSnapshotCheckpoint(every=4, keep=2)
-    assert not strategy.handles_sharded_state()
-    why = strategy.sharded_refusal()
+    assert not strategy.caps.shards_state
+    why = strategy.caps.sharded_refusal
     assert "\n" not in why and "DTensor" in why and "0.1.0" in why and RAISED in why
 
 

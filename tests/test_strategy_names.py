@@ -35,7 +35,7 @@ def test_the_scenarios_project_replica() -> None:
 
 
 def test_every_strategy_the_report_names_is_a_harness_option() -> None:
-    named = {tables.BASELINE, *peers.FAMILIES, *recovery_peers.STRATEGIES}
+    named = {tables.BASELINE, *peers.families(), *recovery_peers.STRATEGIES}
     assert sorted(named - set(OPTIONS)) == []
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from resilience import child
 from resilience.record.events import read_events
 from resilience.record.host_load import HostLoadSampler
+from resilience.record.query import stalls, step_times
 
 PHASES = ("supervisor start", "rank start", "training", "teardown", "result", "exit")
 # What the supervisor has imported by ``launch``: the command, the roles and its strategy's module (config.resolve,
@@ -77,11 +78,9 @@ def phases(events: list[dict], started: float, ended: float, result_written: flo
 
 
 def inside_training(events: list[dict]) -> dict[str, float]:
-    """Rank 0's step time and checkpoint stall time, summed over the run."""
+    """Rank 0's step times and checkpoint stalls, each summed over the run (not ``result.json``'s medians)."""
     rank0 = [e for e in events if e["rank"] == 0]
-    begins = {e["step"]: e["t_wall"] for e in rank0 if e["kind"] == "ckpt_begin"}
-    stalls = [e["t_wall"] - begins[e["step"]] for e in rank0 if e["kind"] == "ckpt_stall_end" and e["step"] in begins]
-    return {"steps_s": sum(e["duration_s"] for e in rank0 if e["kind"] == "step_end"), "ckpt_stall_s": sum(stalls)}
+    return {"steps_s": sum(step_times(rank0)), "ckpt_stall_total_s": sum(s.seconds for s in stalls(rank0))}
 
 
 def pipeline_env(folder: Path) -> dict[str, str]:
@@ -149,7 +148,7 @@ def _summary(overrides: list[str], repeats: int, got: dict[str, list], load: dic
     return {
         "overrides": overrides, "repeats": repeats, "runs": runs,
         "phases": {p: med(lambda r, p=p: r["phases"][p]) for p in PHASES},
-        "steps_s": med(lambda r: r["steps_s"]), "ckpt_stall_s": med(lambda r: r["ckpt_stall_s"]),
+        "steps_s": med(lambda r: r["steps_s"]), "ckpt_stall_total_s": med(lambda r: r["ckpt_stall_total_s"]),
         "wall_s": med(lambda r: r["wall_s"]), "ratio": med(lambda r: r["ratio"]),
         "imports": {who: min(got[who], key=lambda g: g["total_s"]) for who in ("supervisor", "rank")}, "load": load,
     }
@@ -175,7 +174,7 @@ def table(b: dict[str, Any]) -> str:
              f"{'phase':<18}{'s':>8}{'share':>8}"]
     notes = {"supervisor start": f"imports {describe_imports(b['imports']['supervisor'])}",
              "rank start": f"a rank's imports {describe_imports(b['imports']['rank'])}",
-             "training": f"steps {b['steps_s']:.2f} s, checkpoint stalls {b['ckpt_stall_s']:.2f} s (rank 0)"}
+             "training": f"steps {b['steps_s']:.2f} s, checkpoint stalls {b['ckpt_stall_total_s']:.2f} s (rank 0)"}
     for p in PHASES:
         s = b["phases"][p]
         lines.append(f"{p:<18}{s:>8.2f}{s / wall:>8.0%}   {notes.get(p, '')}".rstrip())

@@ -23,22 +23,21 @@ from typing import Any
 from resilience.bench.experiment import run_experiment
 from resilience.record.events import read_events
 from resilience.record.memory import MemorySampler
+from resilience.record.query import stalls
 
 STRATEGIES = ("sync", "async", "inmemory")
 
 
-def stalls(run_dir: Path) -> tuple[list[float], list[float]]:
+def slowest_stalls(run_dir: Path) -> tuple[list[float], list[float]]:
     """Each checkpoint's stall in seconds (the slower rank's), in step order, and the part of it spent waiting for
     the previous checkpoint's persist (``when_busy=wait``: the disk is slower than the checkpoint interval)."""
-    begin: dict[tuple[int, int], float] = {}
+    events = read_events(run_dir)
     worst: dict[int, float] = defaultdict(float)
     waited: dict[int, float] = defaultdict(float)
-    for e in read_events(run_dir):
-        if e["kind"] == "ckpt_begin":
-            begin[e["rank"], e["step"]] = e["t_mono"]
-        elif e["kind"] == "ckpt_stall_end" and (e["rank"], e["step"]) in begin:
-            worst[e["step"]] = max(worst[e["step"]], e["t_mono"] - begin[e["rank"], e["step"]])
-        elif e["kind"] == "ckpt_persist_waited":
+    for s in stalls(events):
+        worst[s.step] = max(worst[s.step], s.seconds)
+    for e in events:
+        if e["kind"] == "ckpt_persist_waited":
             waited[e["step"]] = max(waited[e["step"]], e["duration_s"])
     return [worst[s] for s in sorted(worst)], [waited[s] for s in sorted(worst)]
 
@@ -53,7 +52,7 @@ def one_run(run_dir: Path, workload: str, strategy: str, steps: int, every: int)
         sampler.stop()
     if result["status"] != "ok":
         raise RuntimeError(f"{run_dir}: status {result['status']}")
-    stall, waited = stalls(run_dir)
+    stall, waited = slowest_stalls(run_dir)
     return {"stalls_s": stall, "persist_wait_s": waited, "host_peak_bytes": result.get("host_memory_peak_bytes"),
             "shm_peak_bytes": sampler.shm_peak, "sha": result["final_state_sha256"]}
 

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilience import child
+from resilience import child, compat
 from resilience.bench.probe import load_limits
-from resilience.named import base_option
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: resilience/bench/compare.py
 STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
@@ -64,7 +63,7 @@ def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
             detectors: str = "process_exit", keep_checkpoints: bool = False, resume: bool = False) -> dict[str, Any]:
     """One experiment as a subprocess (own process group, killed on timeout); its result."""
     strategy, extra = VARIANTS.get(strategy, (strategy, []))
-    phase = "during_checkpoint" if _saves(strategy) else "before_forward"
+    phase = "during_checkpoint" if compat.options("strategy")[strategy].caps.saves else "before_forward"
     fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", f"fault.phase={phase}"]
              if kill else ["fault=none"])
     overrides = [f"workload={workload}", f"strategy={strategy}", *extra, *fault, f"steps={plan.steps}",
@@ -91,14 +90,6 @@ def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
     print(f"  -> {result['status']}, stall {_f(result.get('ckpt_stall_s'))} s, durable "
           f"{_f(result.get('ckpt_durable_s'))} s, recovery {_f(result.get('recovery_time_s'))} s", flush=True)
     return result
-
-
-def _saves(strategy: str) -> bool:
-    from hydra.utils import get_class
-    from omegaconf import OmegaConf
-
-    base = base_option(ROOT / "conf" / "strategy", strategy)  # a variant's class is its base option's
-    return get_class(OmegaConf.load(ROOT / "conf" / "strategy" / f"{base}.yaml")._target_).saves
 
 
 def row(workload: str, strategy: str, free: dict, killed: dict, ref_hash: str | None, limits: dict) -> dict:

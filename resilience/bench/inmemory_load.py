@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from resilience.record.events import read_events
+from resilience.record.query import load_window, loads
 from resilience.bench.experiment import run_experiment
 
 STEPS, EVERY, FAULT_STEP = 14, 5, 12  # rank 1 dies once 12 steps are done: both strategies reload step 10
@@ -34,12 +35,12 @@ def one_run(out: Path, workload: str, strategy: str, fault: str, index: int, no_
                                       f"fault.at_step={FAULT_STEP}", *extra, f"steps={STEPS}",
                                       f"checkpoint.every={EVERY}", "world_size=2", "seed=0", "detector=[process_exit]"],
                             timeout_s=900)
-    loads = [e for e in read_events(run_dir) if e["kind"] == "ckpt_loaded" and e["attempt"] > 0]
-    if result["status"] != "ok" or len(loads) != 2:
-        raise RuntimeError(f"{run_dir}: status {result['status']}, {len(loads)} ckpt_loaded events")
-    span = max(e["t_mono"] for e in loads) - max(e["t_mono"] - e["duration_s"] for e in loads)
-    return {"load_s": span, "bytes": loads[0]["bytes"],
-            "source": "/".join(sorted({e["source"] for e in loads})), "sha": result["final_state_sha256"]}
+    loaded = [e for e in loads(read_events(run_dir)) if e["attempt"] > 0]
+    if result["status"] != "ok" or len(loaded) != 2:
+        raise RuntimeError(f"{run_dir}: status {result['status']}, {len(loaded)} ckpt_loaded events")
+    start, end = load_window(loaded)
+    return {"load_s": end - start, "bytes": loaded[0]["bytes"],
+            "source": "/".join(sorted({e["source"] for e in loaded})), "sha": result["final_state_sha256"]}
 
 
 def measure(workloads: tuple[str, ...] = ("dlrm_emb",), repeats: int = 3, node_loss: bool = False,

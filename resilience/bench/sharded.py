@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from resilience.record.events import read_events
+from resilience.record.query import stalls
 
 COMMON = ("parallel=fsdp", "strategy=sync", "steps=20", "checkpoint.every=5", "seed=0", "detector=[process_exit]")
 KILL = ("fault=kill", "fault.rank=1", "fault.at_step=13", "fault.phase=before_forward")
@@ -60,10 +61,9 @@ def figures(run_dir: Path) -> dict:
     """What this benchmark reports of one run, from its result.json and events."""
     result = json.loads((run_dir / "result.json").read_text())
     events = read_events(run_dir)
-    stalls = [e["t_mono"] for e in events if e["kind"] in ("ckpt_begin", "ckpt_stall_end") and e["rank"] == 0]
+    saves = [s.seconds for s in stalls(events) if s.rank == 0]
     starts, rate = step_rates(events)
-    return {"world_sizes": starts, "ckpt_stall_s_median": statistics.median(
-                b - a for a, b in zip(stalls[::2], stalls[1::2])) if len(stalls) > 1 else None,
+    return {"world_sizes": starts, "ckpt_stall_s_median": statistics.median(saves) if saves else None,
             "ckpt_bytes": result.get("ckpt_bytes"), "recovery_load_s": result.get("recovery_load_s"),
             "steps_per_s_by_attempt": rate, "final_loss": result.get("final_loss"),
             "final_state_sha256": result.get("final_state_sha256"), "noisy": result.get("validity")}

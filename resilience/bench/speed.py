@@ -23,6 +23,7 @@ from typing import Callable
 from resilience.bench.cell import describe_load
 from resilience.record.events import read_events
 from resilience.record.host_load import HostLoadSampler
+from resilience.record.query import stalls
 
 MET, MISSED, UNMEASURED = "MET", "MISSED", "NOT MEASURED"
 
@@ -98,11 +99,9 @@ def sync_write_rows(out: Path, quick: bool) -> list[Row]:
                 f"{r['GBps']['now']:.2f} GB/s, probe (1 GiB, fsync) {r['GBps']['probe_1']:.2f} GB/s")]
 
 
-def stalls(run_dir: Path) -> list[float]:
-    """Rank 0's stall of every checkpoint, in order (ckpt_begin to ckpt_stall_end)."""
-    rank0 = [e for e in read_events(run_dir) if e["rank"] == 0]
-    begins = {e["step"]: e["t_mono"] for e in rank0 if e["kind"] == "ckpt_begin"}
-    return [e["t_mono"] - begins[e["step"]] for e in rank0 if e["kind"] == "ckpt_stall_end" and e["step"] in begins]
+def rank0_stalls(run_dir: Path) -> list[float]:
+    """Rank 0's stall of every checkpoint, in order."""
+    return [s.seconds for s in stalls(read_events(run_dir)) if s.rank == 0]
 
 
 def async_rows(out: Path, quick: bool) -> list[Row]:
@@ -115,7 +114,7 @@ def async_rows(out: Path, quick: bool) -> list[Row]:
             run_dir = out / f"stall-{workload}-{strategy}"
             run_experiment(run_dir, [f"workload={workload}", f"strategy={strategy}", "steps=20", "checkpoint.every=5",
                                      "world_size=2", "seed=0", "detector=[process_exit]"])
-            got[strategy] = stalls(run_dir)
+            got[strategy] = rank0_stalls(run_dir)
         base = statistics.median(got["sync"])
         worst = max(got["async"]) / base
         rows.append(Row(f"async stall / sync stall, {workload} (every checkpoint, the first included)",

@@ -21,7 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from resilience.record.torch_workarounds import declare
+
 _OMIT = object()  # marks a tensor that another rank writes
+SHARD_SPEC = declare(
+    "dtensor_from_spec", "a host buffer becomes this rank's shard of the global tensor without a move to the device "
+    "(DTensor.from_local would move it): DTensor's own constructor with the live tensor's private _spec, as torch's "
+    "CPU staging does", ("2.13.0",), __name__)
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:
@@ -160,6 +166,7 @@ class HostSnapshot:
                 # (as torch's own CPU staging does, _state_dict_utils): ``from_local`` would move it to the device.
                 from torch.distributed.tensor import DTensor
 
+                SHARD_SPEC.acted()  # declared by the rank before its event log closes (declare_acted)
                 return DTensor(buf, obj._spec, requires_grad=False)
             return buf
         if isinstance(obj, dict):

@@ -16,8 +16,10 @@ from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any
 
+from resilience.caps import DetectorCaps
 from resilience.named import Named
-from resilience.runtime import AgentService, RejectionReport
+from resilience.runtime import AgentService, RankRuntime, RejectionReport
+from resilience.state import TrainState
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,7 @@ class Detection:
 class Detector(Named, ABC):
     """Base of all detectors; a subclass overrides the hooks of its side."""
 
-    needs_grad_norm: bool = False
-    compares_ranks: bool = False  # True: collectives across the world's ranks (every rank in the rank's group)
+    caps = DetectorCaps()
 
     # ---- supervisor side ----
     def start(self) -> str | None:
@@ -68,7 +69,7 @@ class Detector(Named, ABC):
         """The service this detector provides to the rank's runtime: told of every checkpoint a load passed over."""
         return None
 
-    def attach(self, rt: Any, state: Any) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         """Bind to a rank and its training state (before the first step)."""
 
     def on_backward(self, step: int, loss: float, grad_norm: float | None) -> list[Detection]:

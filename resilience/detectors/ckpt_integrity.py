@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from resilience.detectors.base import Detector
-from resilience.runtime import RejectionReport
+from resilience.runtime import RankRuntime, RejectionReport
+from resilience.state import TrainState
 
 
 class CkptIntegrity(Detector):
@@ -18,7 +19,7 @@ class CkptIntegrity(Detector):
     def rejection_report(self) -> RejectionReport:
         return self.report
 
-    def attach(self, rt, state) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt = rt
 
     def report(self, step: int, path: Path, reason: str) -> None:

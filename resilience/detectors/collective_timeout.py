@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 
 from resilience.detectors.base import Detection, Detector
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
 
 _TIMEOUT = re.compile(r"time[d ]?\s*out|timeout|deadline", re.IGNORECASE)
 _COLLECTIVE = re.compile(r"(allreduce|all_reduce|allgather|all_gather|broadcast|barrier|reduce_scatter|recv|send)",
@@ -17,7 +19,7 @@ _COLLECTIVE = re.compile(r"(allreduce|all_reduce|allgather|all_gather|broadcast|
 
 class CollectiveTimeout(Detector):
 
-    def attach(self, rt, state) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt = rt
 
     def on_exception(self, exc: BaseException) -> list[Detection]:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import math
 
+from resilience.caps import DetectorCaps
 from resilience.detectors.base import Detection, Detector
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
 
 
 class Nonfinite(Detector):
-    needs_grad_norm = True
+    caps = DetectorCaps(needs_grad_norm=True)
 
     def __init__(self) -> None:
         self._fired = False
 
-    def attach(self, rt, state) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt = rt
 
     def on_backward(self, step: int, loss: float, grad_norm: float | None) -> list[Detection]:

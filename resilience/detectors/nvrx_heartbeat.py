@@ -24,8 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from resilience.caps import DetectorCaps
 from resilience.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
 
 VERDICTS = "nvrx_verdicts"  # in the run directory: one JSON file per kill the rank monitors decided
 START_TIMEOUT_S = 120.0
@@ -39,6 +42,8 @@ def socket_path(run_dir: Path, rank: int) -> str:
 
 
 class NvrxHeartbeat(Detector):
+    # Its rank monitors run in the supervisor (``agent_service``); NVRx's own launcher runs them instead.
+    caps = DetectorCaps(runs_in_supervisor=True, served_by="ft_launcher")
 
     def __init__(self, heartbeat_s: float, initial_s: float, world_size: int, check_every_s: float = 0.5) -> None:
         self.heartbeat_s = require_number("detectors.nvrx_heartbeat.heartbeat_s", heartbeat_s, above=0)
@@ -75,7 +80,7 @@ class NvrxHeartbeat(Detector):
         return found
 
     # ---- rank side ----
-    def attach(self, rt: Any, state: Any) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClient
 
         os.environ.setdefault(SOCKET_ENV, socket_path(rt.run_dir, rt.rank))  # ft_launcher names its monitor's

@@ -32,8 +32,11 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+from resilience.caps import DetectorCaps
 from resilience.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
 
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
              torch.bfloat16: torch.int16}
@@ -94,7 +97,7 @@ def sparse_grad_params(model: torch.nn.Module) -> set[int]:
 
 class ReplicaFingerprint(Detector):
 
-    compares_ranks = True  # all-gathers the fingerprints over the rank's process group
+    caps = DetectorCaps(compares_ranks=True)  # all-gathers the fingerprints over the rank's process group
 
     def __init__(self, every: int = 1, slice_share: float = 0.5, slice_min_mb: float = 2.0) -> None:
         self.every = require_int("detectors.replica_fingerprint.every", every, 1)
@@ -104,7 +107,7 @@ class ReplicaFingerprint(Detector):
         self._last_good = 0
         self._touched: dict[int, torch.Tensor] = {}
 
-    def attach(self, rt, state) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt, self.state = rt, state
         model = getattr(state.model, "module", state.model)
         sparse = sparse_grad_params(model)

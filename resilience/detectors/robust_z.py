@@ -13,6 +13,8 @@ from collections import deque
 
 from resilience.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
+from resilience.runtime import RankRuntime
+from resilience.state import TrainState
 
 
 class RobustZ(Detector):
@@ -28,7 +30,7 @@ class RobustZ(Detector):
         self._seen = 0
         self._fired = False
 
-    def attach(self, rt, state) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt = rt
 
     def observe(self, step: int, x: float | None, blamed: int | None) -> list[Detection]:

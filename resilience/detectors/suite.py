@@ -4,12 +4,14 @@ decides what it means for this rank (``RecoveryRequested`` asks the supervisor f
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import RejectionReport
+from resilience.record.events import EventLog
+from resilience.recovery.base import RecoveryPolicy
+from resilience.runtime import RankRuntime, RejectionReport
+from resilience.state import TrainState
 
 
 class RecoveryRequested(Exception):
@@ -20,7 +22,7 @@ class RecoveryRequested(Exception):
         self.detection, self.reaction = detection, reaction
 
 
-def emit_detection(events: Any, d: Detection) -> None:
+def emit_detection(events: EventLog, d: Detection) -> None:
     events.emit("fault_detected", step=d.step, detector=d.detector, blamed_rank=d.rank, verdict=d.verdict,
                 value=d.value, silent=d.silent, rollback_to=d.rollback_to, fsync=True, **d.extra)
 
@@ -28,15 +30,15 @@ def emit_detection(events: Any, d: Detection) -> None:
 class RankDetectors:
     """Calls every detector's rank-side hook and applies ``policy.react`` to what they find."""
 
-    def __init__(self, detectors: list[Detector], policy: Any) -> None:
+    def __init__(self, detectors: list[Detector], policy: RecoveryPolicy) -> None:
         self.detectors, self.policy = detectors, policy
-        self.needs_grad_norm = any(d.needs_grad_norm for d in detectors)
+        self.needs_grad_norm = any(d.caps.needs_grad_norm for d in detectors)
 
     def rejection_report(self) -> RejectionReport | None:
         """Where a load reports the checkpoints it passed over, if a detector wants to know."""
         return next((v for v in (d.rejection_report() for d in self.detectors) if v is not None), None)
 
-    def attach(self, rt: Any, state: Any) -> None:
+    def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt, self.state = rt, state
         for d in self.detectors:
             d.attach(rt, state)

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resilience.parallel.base import Parallelism
 from resilience.reduce import install as install_reduce
 
+if TYPE_CHECKING:
+    from injectors.base import Injector
+
 
 class DataParallel(Parallelism):
 
-    def wrapper(self, device: torch.device, world_size: int, injector, in_place: bool) -> DDPWrapper:
+    def wrapper(self, device: torch.device, world_size: int, injector: Injector, in_place: bool) -> DDPWrapper:
         return DDPWrapper(device, world_size, injector, in_place)
 
 
 class DDPWrapper:
     """Wraps the bare model in DDP over the current group, with the run's gradient reduction."""
 
-    def __init__(self, device: torch.device, world_size: int, injector, in_place: bool) -> None:
+    def __init__(self, device: torch.device, world_size: int, injector: Injector, in_place: bool) -> None:
         self.device, self.world_size, self.injector, self.in_place = device, world_size, injector, in_place
 
     def __call__(self, module: torch.nn.Module) -> DDP:

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -17,20 +19,13 @@ from resilience.parallel.fsdp import FullyShardedParallel
 
 class HybridShardedParallel(FullyShardedParallel):
 
+    caps = replace(FullyShardedParallel.caps, replicas=2, of_setting={"replicas": "replicate"})
+
     def __init__(self, replicate: int = 2, reshard_after_forward: bool = True, reduce: str = "ordered") -> None:
         super().__init__(reshard_after_forward, reduce)
-        self.replicate = self.replicas = require_int("parallel.replicate", replicate, 2)
+        self.replicate = require_int("parallel.replicate", replicate, 2)
+        self.caps = self.caps.under(replicate=self.replicate)
 
     def mesh(self, device: torch.device, world_size: int) -> DeviceMesh:
         return init_device_mesh(device.type, (self.replicate, world_size // self.replicate),
                                 mesh_dim_names=("replicate", "shard"))
-
-    def check(self, world_size, workload, strategy, injector, detectors) -> None:
-        if world_size % self.replicate or world_size // self.replicate < 2:
-            raise ValueError(f"parallel.replicate={self.replicate}: world_size={world_size} must split into "
-                             f"{self.replicate} replicas of at least 2 shards (e.g. world_size=4 parallel.replicate=2)")
-        super().check(world_size, workload, strategy, injector, detectors)
-        needs = getattr(strategy, "min_replicas", None)  # torchft's quorum counts replica groups: here, replicas
-        if needs is not None and needs > self.replicate:
-            raise ValueError(f"strategy.min_replicas={needs}: at most the {self.replicate} replica groups of "
-                             f"parallel=hsdp (parallel.replicate={self.replicate})")

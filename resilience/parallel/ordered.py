@@ -14,9 +14,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
+from resilience.record.torch_workarounds import declare
+
+ORDERED_REDUCE = declare(
+    "fsdp_custom_reduce_scatter", "FSDPModule.set_custom_reduce_scatter takes a ReduceScatter, whose interface "
+    "torch defines in the private torch.distributed.fsdp._fully_shard._fsdp_api", ("2.13.0",), __name__)
+
 
 class OrderedReduceScatter(ReduceScatter):
     """A ``ReduceScatter`` comm for ``FSDPModule.set_custom_reduce_scatter`` (SUM or AVG, summed in rank order)."""
+
+    def __init__(self) -> None:
+        ORDERED_REDUCE.acted()  # FSDP reduces through it from here on; the rank declares it (declare_acted)
+        super().__init__()
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)

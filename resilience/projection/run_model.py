@@ -39,6 +39,7 @@ import numpy as np
 from resilience import child
 from resilience.plan import fault_plan
 from resilience.record.events import read_events
+from resilience.record.query import first, productive_step_times, recovery_window, step_start
 from resilience.projection.goodput import predicted_goodput
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,51 +177,46 @@ def measure(run_dir: str | Path) -> dict[str, Any]:
     if result["status"] != "ok":
         raise RuntimeError(f"{run_dir}: status {result['status']}, expected ok")
     every, steps = int(result["checkpoint_every"]), int(result["steps"])
-    launch = next(e for e in events if e["kind"] == "launch" and e["rank"] is None)
-    end = next(e for e in events if e["kind"] == "supervisor_end")
-    rank0 = [e for e in events if e["rank"] == 0]
-    step_ends = [e for e in rank0 if e["kind"] == "step_end"]
-    begin = {id(e): e["t_mono"] - e["duration_s"] for e in step_ends}  # when the step's loop iteration began
-    recoveries, lost, faults = _fault_costs(events, rank0, step_ends, begin)
+    launch = first([e for e in events if e["rank"] is None], "launch")
+    end = first(events, "supervisor_end")
+    step_ends = [e for e in events if e["rank"] == 0 and e["kind"] == "step_end"]
+    recoveries, lost, faults = _fault_costs(events)
     final = [e for e in step_ends if e["attempt"] == result["attempts"] - 1]
     return {
         "run": run_dir.name, "every": every, "steps": steps, "seed": result["seed"],
-        **_step_costs(step_ends, begin, every),
+        **_step_costs(step_ends, every),
         "stall_metric_s": result["ckpt_stall_s"] or 0.0,
-        "startup_s": begin[id(step_ends[0])] - launch["t_mono"],
+        "startup_s": step_start(step_ends[0]) - launch["t_mono"],
         "teardown_s": end["t_mono"] - final[-1]["t_mono"],
         "recoveries_s": recoveries, "faults": faults, "lost_steps": lost,
         "wall_s": result["wall_time_s"], "measured_goodput": result["goodput"], "measured_ettr": result["ettr"],
     }
 
 
-def _step_costs(step_ends: list[dict], begin: dict[int, float], every: int) -> dict[str, float]:
-    """Productive step time (each step once: a replayed step overwrites the lost one, as in metrics' goodput), the
-    wall time from one loop start to the next, and the checkpoint stall (the extra of a gap with a checkpoint)."""
-    last: dict[int, float] = {}
-    for e in step_ends:
-        last[e["step"]] = e["duration_s"]
+def _step_costs(step_ends: list[dict], every: int) -> dict[str, float]:
+    """Productive step time (each step once, as in metrics' goodput), the wall time from one loop start to the
+    next, and the checkpoint's cost as the loop sees it (the extra of a gap with a checkpoint; result.json's
+    stall, from the events, stays beside it as ``stall_metric_s``)."""
+    last = productive_step_times(step_ends)
     plain, ckpt_gaps = [], []  # loop-start to loop-start, without and with a checkpoint in between
     for a, b in zip(step_ends, step_ends[1:]):
         if a["attempt"] == b["attempt"] and b["step"] == a["step"] + 1:
-            (ckpt_gaps if a["step"] % every == 0 else plain).append(begin[id(b)] - begin[id(a)])
+            (ckpt_gaps if a["step"] % every == 0 else plain).append(step_start(b) - step_start(a))
     step_wall_s = float(np.mean(plain))
     return {"step_s": sum(last.values()) / len(last), "step_wall_s": step_wall_s,
             "stall_s": float(np.mean(ckpt_gaps)) - step_wall_s if ckpt_gaps else 0.0}
 
 
-def _fault_costs(events: list[dict], rank0: list[dict], step_ends: list[dict],
-                 begin: dict[int, float]) -> tuple[list[float], list[int], int]:
-    """Per injected fault: the recovery (fault to the next attempt's first loop start) and the steps lost (the
-    fault's step minus the step loaded); and how many faults fired."""
+def _fault_costs(events: list[dict]) -> tuple[list[float], list[int], int]:
+    """Per injected fault, from its recovery window: the recovery (the fault to the restarted rank's first loop
+    start: detect, restart and load, the replay left to the lost steps) and the steps lost; and how many fired."""
     faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
     recoveries, lost = [], []
     for f in faults:
-        nxt = [e for e in step_ends if e["attempt"] > f["attempt"] and e["t_mono"] > f["t_mono"]]
-        loaded = [e for e in rank0 if e["kind"] == "ckpt_loaded" and e["attempt"] == f["attempt"] + 1]
-        if nxt:
-            recoveries.append(begin[id(nxt[0])] - f["t_mono"])
-        lost.append(f["step"] - (loaded[0]["step"] if loaded else 0))
+        window = recovery_window(events, f)
+        if window is not None and window.first_step is not None:
+            recoveries.append(step_start(window.first_step) - f["t_mono"])
+        lost.append(window.lost_steps if window else f["step"])
     return recoveries, lost, len(faults)
 
 

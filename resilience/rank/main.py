@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from resilience.detectors.process_exit import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
+from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
@@ -123,7 +124,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
             state = TrainState(ddp, prepared.optimizer)
         else:
             wl = roles.workload  # a replacement whose state the strategy overwrites skips the initialisation
-            empty = events.attempt > 0 and getattr(strategy, "overwrites_replacement_state", False)
+            empty = events.attempt > 0 and strategy.caps.overwrites_replacement_state
             ddp = rt.wrap_model(wl.build_model_uninitialised(device) if empty else wl.build_model().to(device))
             state = TrainState(ddp, roles.workload.build_optimizer(ddp))
         injector.arm(state)
@@ -148,6 +149,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         traceback.print_exc()
         raise
     finally:
+        declare_acted(events)  # the torch workarounds that acted in this rank without its log at hand
         events.close()
 
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from resilience.record import catalogue
+
 EVENTS_FILE = "events.jsonl"
 
 
@@ -30,7 +32,9 @@ class EventLog:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def emit(self, kind: str, *, step: int | None = None, fsync: bool = False, **fields: Any) -> dict[str, Any]:
-        """Append one event; with ``fsync=True`` it is on disk before this returns (for records a crash must not lose)."""
+        """Append one event; with ``fsync=True`` it is on disk before this returns (for records a crash must not lose).
+        ``ValueError`` for a kind not in the event catalogue or without its required fields (``record.catalogue``)."""
+        catalogue.check(kind, fields)
         event = {
             "t_wall": time.time(),
             "t_mono": time.monotonic(),

@@ -7,11 +7,11 @@ monotonic clock, comparable across its processes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from resilience.record.inprocess import inprocess_recovery
-from resilience.record.query import first, median, pairs
+from resilience.record.query import (RecoveryWindow, durable_times, first, first_detection, load_window, loads, median,
+                                     productive_step_times, recovery_window, stalls, step_start, step_times)
 from resilience.record.replicas import replica_groups, replica_recovery
 from resilience.record.world import world_sizes
 
@@ -46,13 +46,14 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "wall_time_s": end["t_mono"] - launch["t_mono"] if launch and end else None,
         **_fault_metrics(events, fault, status),
         **_checkpoint_metrics(rank0),
-        "step_time_s": median([e["duration_s"] for e in rank0 if e["kind"] == "step_end"]),
+        "step_time_s": median(step_times(rank0)),
     }
     # why the supervisor ended the run before its restart budget (``replica`` with every replica lost), else None
     result["unrecoverable"] = (first(sup, "unrecoverable") or {}).get("reason")
     result["goodput"] = _goodput(rank0, result["wall_time_s"])
     result["ettr"] = _ettr(rank0)
     result.update(_peer(events))
+    result["torch_workarounds"] = _torch_workarounds(events)
     result.update(replica_groups(events, run["world_size"]))
     result.update(replica_recovery(events, run["world_size"]))  # our replica's, under the same names
     result.update(world_sizes(events, launch))  # recovery=shrink|grow: the sizes trained at (none if it kept its size)
@@ -88,6 +89,12 @@ def _final_loss(events: list[dict]) -> float | None:
     end = max((s for s, _ in last.values()), default=None)
     losses = [loss for s, loss in last.values() if s == end]
     return sum(losses) / len(losses) if losses else None
+
+
+def _torch_workarounds(events: list[dict]) -> list[str]:
+    """The uses of private torch (or torch library) internals that acted in any process of the run, by name
+    (``resilience.record.torch_workarounds``)."""
+    return sorted({e["name"] for e in events if e["kind"] == "torch_workaround"})
 
 
 def _peer(events: list[dict]) -> dict[str, Any]:
@@ -128,22 +135,18 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
         "survivors_restarted": None,
         "false_alarms": _false_alarms(events, fault),
     }
-    trace = _recovery_trace(events, fault) if fault else None
-    if trace is None:
+    window = recovery_window(events, fault) if fault else None
+    if window is None:
         return out
-    out.update(_what_was_loaded(events, fault, trace))
-    if status == "ok" and trace.resumed is not None:
-        out.update(_recovery_time(events, fault, trace))
+    out.update(_what_was_loaded(events, window))
+    if status == "ok" and window.resumed is not None:
+        out.update(_recovery_time(window))
     return out
 
 
 def _false_alarms(events: list[dict], fault: dict | None) -> int:
     """Detections before the fault (all of them in a fault-free run)."""
     return sum(1 for e in events if e["kind"] == "fault_detected" and (fault is None or e["t_mono"] < fault["t_mono"]))
-
-
-def _first_detection(events: list[dict], fault: dict) -> dict | None:
-    return next((e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"]), None)
 
 
 def _detection(events: list[dict], fault: dict | None) -> dict[str, Any]:
@@ -157,7 +160,7 @@ def _detection(events: list[dict], fault: dict | None) -> dict[str, Any]:
         if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"] and e["detector"] not in out["detections"]:
             out["detections"][e["detector"]] = {"latency_s": e["t_mono"] - fault["t_mono"],
                                                 "blamed_rank": e.get("blamed_rank")}
-    detection = _first_detection(events, fault)
+    detection = first_detection(events, fault)
     if detection:
         targets = set(fault.get("node_ranks") or [fault.get("target_rank", fault["rank"])])
         out.update(detected=True, detector=detection["detector"], detected_rank=detection.get("blamed_rank"),
@@ -166,75 +169,47 @@ def _detection(events: list[dict], fault: dict | None) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class _Trace:
-    """The recovery as one restarted rank lived it: rank 0 when every rank restarts, else a replaced rank."""
-
-    restart: dict | None  # the supervisor's restart event
-    later: list[dict]  # that rank's events after the fault, in later attempts
-    start: dict  # its run_start
-    loaded: dict | None  # what it loaded, in that attempt
-    resumed: dict | None  # reaching the fault's step again
-
-
-def _recovery_trace(events: list[dict], fault: dict) -> _Trace | None:
-    t0 = fault["t_mono"]
-    restart = next((e for e in events if e["kind"] == "restart" and e["rank"] is None and e["t_mono"] >= t0), None)
-    who = min(restart["ranks"]) if restart and restart.get("ranks") else 0
-    later = [e for e in events if e["rank"] == who and e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
-    start = first(later, "run_start")
-    if start is None:
-        return None
-    return _Trace(restart, later, start, first(later, "ckpt_loaded", attempt=start["attempt"]),
-                  first(later, "resumed"))
-
-
-def _what_was_loaded(events: list[dict], fault: dict, trace: _Trace) -> dict[str, Any]:
-    """Lost steps (fault step minus the step loaded; never below 0: in place, survivors may be one step past the
-    fault), where the state came from, its bytes, the load's critical path, and whether survivors restarted."""
-    loaded = trace.loaded
+def _what_was_loaded(events: list[dict], window: RecoveryWindow) -> dict[str, Any]:
+    """Lost steps, where the state came from, its bytes, the load's critical path, and whether survivors
+    restarted."""
+    fault, loaded = window.fault, window.loaded
     # A rank other than the fault's victims started again in the recovery's attempt or a later one before the
     # recovery was over (under torchrun there is no restart event of ours to ask, so the ranks' own starts tell; a
     # victim's peer that fails a poll later, e.g. torchft's replica group mate, is replaced one attempt later).
-    until = trace.resumed["t_mono"] if trace.resumed else float("inf")
-    started = {e["rank"] for e in events if e["kind"] == "run_start" and e["attempt"] >= trace.start["attempt"]
+    until = window.resumed["t_mono"] if window.resumed else float("inf")
+    started = {e["rank"] for e in events if e["kind"] == "run_start" and e["attempt"] >= window.start["attempt"]
                and e["t_mono"] <= until}
     victims = set(fault.get("node_ranks") or [fault.get("target_rank", fault["rank"])])
     return {
-        "lost_steps": max(0, fault["step"] - (loaded["step"] if loaded else 0)),
+        "lost_steps": window.lost_steps,
         "recovery_source": loaded.get("source") if loaded else "none",
         "recovery_bytes": loaded.get("bytes") if loaded else 0,
-        "recovery_load_s": _load_critical_path(events, fault, trace.start["attempt"]),
+        "recovery_load_s": _load_time(events, window),
         "survivors_restarted": bool(started - victims),
     }
 
 
-def _load_critical_path(events: list[dict], fault: dict, attempt: int) -> float | None:
-    """From the last loading rank starting to the last one done: a rank that starts early only waits for its
-    peers in the load's first collective (start-up skew, not load time)."""
-    loads = [e for e in events if e["kind"] == "ckpt_loaded" and e["attempt"] == attempt
-             and e["t_mono"] >= fault["t_mono"] and e.get("duration_s") is not None]
-    if not loads:
-        return None
-    return max(e["t_mono"] for e in loads) - max(e["t_mono"] - e["duration_s"] for e in loads)
+def _load_time(events: list[dict], window: RecoveryWindow) -> float | None:
+    """The recovery's load: its critical path over the ranks of the restarted rank's attempt."""
+    span = load_window(loads(events, window.start["attempt"], since=window.fault["t_mono"]))
+    return span[1] - span[0] if span else None
 
 
-def _recovery_time(events: list[dict], fault: dict, trace: _Trace) -> dict[str, Any]:
+def _recovery_time(window: RecoveryWindow) -> dict[str, Any]:
     """From the fault to the restarted rank reaching its step again = detect + restart + load + replay. Without a
     detection event (torchrun supervised the run) the restart segment starts at the fault."""
-    t0 = fault["t_mono"]
-    detection = _first_detection(events, fault)
+    detection, t0 = window.detection, window.fault["t_mono"]
     t_detect = detection["t_mono"] if detection else t0
-    t_loaded = trace.loaded["t_mono"] if trace.loaded else trace.start["t_mono"]
+    t_loaded = window.ready["t_mono"]
     # MTTR as the literature counts it: from the failure being known to training running again, without the
     # replay of lost work, which is lost_work_s (time) beside lost_steps (count).
-    return {"recovered": True, "recovery_time_s": trace.resumed["t_mono"] - t0,
-            "mttr_s": t_loaded - t_detect, "lost_work_s": trace.resumed["t_mono"] - t_loaded,
+    return {"recovered": True, "recovery_time_s": window.resumed["t_mono"] - t0,
+            "mttr_s": t_loaded - t_detect, "lost_work_s": window.resumed["t_mono"] - t_loaded,
             "recovery_breakdown_s": {
         "detect": t_detect - t0 if detection else None,
-        "restart": trace.start["t_mono"] - t_detect,
-        "load": t_loaded - trace.start["t_mono"],
-        "replay": trace.resumed["t_mono"] - t_loaded,
+        "restart": window.start["t_mono"] - t_detect,
+        "load": t_loaded - window.start["t_mono"],
+        "replay": window.resumed["t_mono"] - t_loaded,
     }}
 
 
@@ -242,8 +217,8 @@ def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
     durable = [e for e in rank0 if e["kind"] == "ckpt_durable"]
     return {
         "ckpt_count": len(durable),
-        "ckpt_stall_s": median(pairs(rank0, "ckpt_begin", "ckpt_stall_end")),
-        "ckpt_durable_s": median(pairs(rank0, "ckpt_begin", "ckpt_durable")),
+        "ckpt_stall_s": median([s.seconds for s in stalls(rank0)]),
+        "ckpt_durable_s": median([s.seconds for s in durable_times(rank0)]),
         "ckpt_bytes": median([e["bytes"] for e in durable]),
     }
 
@@ -256,7 +231,7 @@ def _ettr(rank0: list[dict]) -> float | None:
     ends = [e for e in rank0 if e["kind"] == "step_end"]
     if not ends:
         return None
-    window = max(e["t_mono"] for e in ends) - min(e["t_mono"] - e["duration_s"] for e in ends)
+    window = max(e["t_mono"] for e in ends) - min(step_start(e) for e in ends)
     return _goodput(rank0, window)
 
 
@@ -264,8 +239,4 @@ def _goodput(rank0: list[dict], wall: float | None) -> float | None:
     """Productive step time over wall time: each step counts once, from the attempt whose result survived."""
     if not wall:
         return None
-    last: dict[int, float] = {}
-    for e in rank0:
-        if e["kind"] == "step_end":
-            last[e["step"]] = e["duration_s"]  # a replayed step overwrites the lost one
-    return sum(last.values()) / wall
+    return sum(productive_step_times(rank0).values()) / wall

@@ -1,8 +1,12 @@
-"""Small lookups over a run's event list, shared by the metric modules."""
+"""Readers of a run's event list: small lookups, and the one definition of each quantity that ``result.json``, the
+benches, the projection and the report read from the log (a save's stall and its time until durable, step times,
+loads, a fault's recovery window). The kinds and their fields are those of ``resilience.record.catalogue``.
+"""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -14,8 +18,118 @@ def first(events: list[dict], kind: str, **match: Any) -> dict | None:
     return next((e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())), None)
 
 
-def pairs(rank0: list[dict], start: str, end: str) -> list[float]:
-    """Durations from each ``start`` event to the ``end`` event of the same (attempt, step)."""
-    begins = {(e["attempt"], e["step"]): e["t_mono"] for e in rank0 if e["kind"] == start}
-    return [e["t_mono"] - begins[(e["attempt"], e["step"])] for e in rank0
-            if e["kind"] == end and (e["attempt"], e["step"]) in begins]
+@dataclass(frozen=True)
+class Span:
+    """From a start event to an end event of the same rank, attempt and step; ``closing`` is the end event."""
+
+    rank: int | None
+    attempt: int
+    step: int
+    start: float
+    end: float
+    closing: dict = field(repr=False, compare=False)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def spans(events: list[dict], start: str, end: str, clock: str = "t_mono") -> list[Span]:
+    """Each ``end`` event with the last ``start`` event of its (rank, attempt, step) before it, in the ends' order;
+    an end without a start (and a start without an end: a save its rank did not live through) is left out."""
+    begins: dict[tuple, float] = {}
+    out = []
+    for e in events:
+        where = (e["rank"], e["attempt"], e["step"])
+        if e["kind"] == start:
+            begins[where] = e[clock]
+        elif e["kind"] == end and where in begins:
+            out.append(Span(*where, begins[where], e[clock], e))
+    return out
+
+
+def stalls(events: list[dict], clock: str = "t_mono") -> list[Span]:
+    """The checkpoint stall of each save on each rank: ``ckpt_begin`` until ``ckpt_stall_end`` (training goes on;
+    a skipped save has no end, so no stall)."""
+    return spans(events, "ckpt_begin", "ckpt_stall_end", clock)
+
+
+def durable_times(events: list[dict], clock: str = "t_mono") -> list[Span]:
+    """Each save's time until durable: ``ckpt_begin`` until ``ckpt_durable`` (rank 0's commit)."""
+    return spans(events, "ckpt_begin", "ckpt_durable", clock)
+
+
+def step_start(step_end: dict) -> float:
+    """When the loop iteration of a ``step_end`` began: a step's time is its whole iteration (``duration_s``)."""
+    return step_end["t_mono"] - step_end["duration_s"]
+
+
+def step_times(events: list[dict]) -> list[float]:
+    """Every step's time (``duration_s``) among ``events`` (one rank's, for a figure), replayed steps included."""
+    return [e["duration_s"] for e in events if e["kind"] == "step_end"]
+
+
+def productive_step_times(events: list[dict]) -> dict[int, float]:
+    """Step -> its time, each step once: from the attempt whose result survived (a replayed step overwrites the
+    lost one)."""
+    last: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == "step_end":
+            last[e["step"]] = e["duration_s"]
+    return last
+
+
+def loads(events: list[dict], attempt: int | None = None, since: float | None = None) -> list[dict]:
+    """The timed ``ckpt_loaded`` events (of ``attempt``; at or after ``since`` on the monotonic clock)."""
+    return [e for e in events if e["kind"] == "ckpt_loaded" and e.get("duration_s") is not None
+            and (attempt is None or e["attempt"] == attempt) and (since is None or e["t_mono"] >= since)]
+
+
+def load_window(loaded: list[dict]) -> tuple[float, float] | None:
+    """A load's critical path, (start, end): from the last loading rank starting to the last one done. A rank that
+    starts early only waits for its peers in the load's first collective (start-up skew, not load time)."""
+    if not loaded:
+        return None
+    return max(e["t_mono"] - e["duration_s"] for e in loaded), max(e["t_mono"] for e in loaded)
+
+
+@dataclass(frozen=True)
+class RecoveryWindow:
+    """One fault's recovery as one restarted rank lived it: rank 0 when every rank restarts, else a replaced rank.
+    Its bounds are events: the fault, its detection, the restart, that rank's run_start, load, first step, resume."""
+
+    fault: dict
+    detection: dict | None  # the first verdict at or after the fault (None: nothing detected it, e.g. torchrun)
+    restart: dict | None  # the supervisor's restart event
+    start: dict  # the rank's run_start
+    loaded: dict | None  # what it loaded, in that attempt
+    first_step: dict | None  # its first step after the fault: training runs again
+    resumed: dict | None  # reaching the fault's step again: the lost work is replayed
+
+    @property
+    def ready(self) -> dict:
+        """The event after which the state is restored: the load, or the start where nothing was loaded."""
+        return self.loaded or self.start
+
+    @property
+    def lost_steps(self) -> int:
+        """The fault's step minus the step loaded; never below 0 (in place, survivors may be one step past it)."""
+        return max(0, self.fault["step"] - (self.loaded["step"] if self.loaded else 0))
+
+
+def first_detection(events: list[dict], fault: dict) -> dict | None:
+    return next((e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"]), None)
+
+
+def recovery_window(events: list[dict], fault: dict) -> RecoveryWindow | None:
+    """The recovery from ``fault`` (None: no rank started again after it)."""
+    t0 = fault["t_mono"]
+    restart = next((e for e in events if e["kind"] == "restart" and e["rank"] is None and e["t_mono"] >= t0), None)
+    who = min(restart["ranks"]) if restart and restart.get("ranks") else 0
+    later = [e for e in events if e["rank"] == who and e["t_mono"] >= t0 and e["attempt"] > fault["attempt"]]
+    start = first(later, "run_start")
+    if start is None:
+        return None
+    return RecoveryWindow(fault, first_detection(events, fault), restart, start,
+                          first(later, "ckpt_loaded", attempt=start["attempt"]), first(later, "step_end"),
+                          first(later, "resumed"))

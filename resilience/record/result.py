@@ -9,7 +9,7 @@ import platform
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -17,6 +17,7 @@ from resilience.record import environment
 from resilience.record.events import read_events
 from resilience.record.fsio import atomic_write_json
 from resilience.record.metrics import compute_result
+from resilience.record.reference import said
 
 RESULT_FILE = "result.json"
 
@@ -97,13 +98,16 @@ def _environment_file(run_dir: Path) -> str:
     return os.path.relpath(path.resolve(), run_dir.resolve())
 
 
-def write_result(run_dir: str | Path) -> dict[str, Any]:
-    """Compute the run's result from its events and write it atomically to ``result.json``."""
+def write_result(run_dir: str | Path, judge: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Compute the run's result from its events and write it atomically to ``result.json``; ``judge`` gives its
+    ``reference`` verdict (``record.reference.judge``; a recomputation keeps the verdict the run was given)."""
     run_dir = Path(run_dir)
     # From the run directory alone: the machine's limits are the pipeline's (its probe rule), not the run's.
     events = read_events(run_dir)
     result = compute_result(events, run_identity(run_dir))
     result["provenance"] = provenance(run_dir, events)
+    result["reference"] = judge(result) if judge else _previous(run_dir).get("reference") or {
+        "matches": None, "why": "not judged (result recomputed from the event log)"}
     atomic_write_json(run_dir / RESULT_FILE, result)
     return result
 
@@ -135,6 +139,8 @@ def summarize(r: dict[str, Any]) -> str:
                  f"durable {_fmt(r['ckpt_durable_s'], ' s')}; step {_fmt(r['step_time_s'], ' s')}; "
                  f"wall {_fmt(r['wall_time_s'], ' s')}; goodput {_fmt(r['goodput'])}")
     lines.append(f"  final_state_sha256 {r['final_state_sha256']}")
+    if r.get("reference"):
+        lines.append(said(r["reference"]))
     p = r.get("provenance") or {}
     if p:
         lines.append(f"  started {p['started']} on {p['host']}; commit {p['git_commit']}"

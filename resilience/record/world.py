@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resilience.record.query import first
+from resilience.record.query import first, load_window, loads
 
 
 def world_sizes(events: list[dict], launch: dict | None) -> dict[str, Any]:
@@ -46,12 +46,11 @@ def _grow_time(events: list[dict]) -> dict[str, float] | None:
                    and e["t_mono"] <= up["t_mono"]), None)
     mine = [e for e in events if e["attempt"] == up["attempt"] and e["rank"] is not None]
     started = max((e["t_mono"] for e in mine if e["kind"] == "run_start"), default=None)
-    loads = [e for e in mine if e["kind"] == "ckpt_loaded" and e.get("duration_s") is not None]
+    load = load_window(loads(mine))  # its critical path, as a recovery's
     step = next((e for e in mine if e["kind"] == "step_end" and e["rank"] == 0), None)
-    if commit is None or started is None or not loads or step is None:
+    if commit is None or started is None or load is None or step is None:
         return None
-    # the load's critical path, as for a recovery (metrics._load_critical_path): a rank that starts early waits
-    load_start, loaded = max(e["t_mono"] - e["duration_s"] for e in loads), max(e["t_mono"] for e in loads)
+    load_start, loaded = load
     return {"boundary_wait": commit["t_mono"] - returned, "notice": up["t_mono"] - commit["t_mono"],
             "restart": started - up["t_mono"], "set_up": load_start - started, "load": loaded - load_start,
             "first_step": step["t_mono"] - loaded, "total": step["t_mono"] - returned}

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+from resilience.caps import PolicyCaps
 from resilience.checks import require_int
 from resilience.named import Named
+
+if TYPE_CHECKING:  # annotations only: they import torch, a policy does not
+    from injectors.base import Injector
+    from resilience.detectors.base import Detection
 
 
 class RecoveryPolicy(Named):
@@ -18,18 +23,18 @@ class RecoveryPolicy(Named):
     """
 
     on_silent: str = "record"
-    restarts_in_process: bool = False  # True: ``run_attempts`` trains again in the same processes after a failure
+    caps = PolicyCaps()
 
-    def react(self, detection) -> str:
+    def react(self, detection: Detection) -> str:
         return self.on_silent if detection.silent else "record"
 
     def __init__(self, max_restarts: int) -> None:
         self.max_restarts = require_int("recovery.max_restarts", max_restarts, 0)
 
-    def caveats(self, injector) -> list[str]:
+    def caveats(self, injector: Injector) -> list[str]:
         """What the fault's settings ask of recovery that this policy does not do (said at launch, never silently
         ignored): a node that returns (``fault.return_after_s``) is taken back only by ``recovery=grow``."""
-        back = getattr(injector, "return_after_s", None)
+        back = injector.caps.returns_after_s
         return [] if back is None else [f"fault.return_after_s={back:g}: recovery={self.name} does not take a "
                                         f"returning node back (recovery=grow does); the setting has no effect here"]
 

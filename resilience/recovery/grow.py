@@ -11,14 +11,20 @@ membership change; Varuna, Athlur et al., EuroSys'22, reconfigures at checkpoint
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from resilience.checks import require_number
-from resilience.recovery.shrink import Shrink, reshards_on_load
+from resilience.recovery.shrink import Shrink
+
+if TYPE_CHECKING:
+    from injectors.base import Injector
 
 
 class Grow(Shrink):
     """``shrink`` on a failure; ``take_back`` names the checkpoint at which the returned node rejoins."""
+
+    caps = replace(Shrink.caps, grows_back=True)
 
     def __init__(self, max_restarts: int, ranks_per_node: int = 1, min_world_size: int = 1,
                  return_after_s: float | None = None) -> None:
@@ -29,25 +35,8 @@ class Grow(Shrink):
         self.return_after_s = require_number("fault.return_after_s", return_after_s, at_least=0)
         self.lost_at: float | None = None  # t_mono of the loss being waited out (its fault_injected record)
 
-    def caveats(self, injector) -> list[str]:
+    def caveats(self, injector: Injector) -> list[str]:
         return []  # the node's return is what this policy acts on
-
-    def check_resharding(self, world_size: int, roles: Any) -> None:
-        """Refuse what cannot go down to the survivors' size and back up through a resharded checkpoint."""
-        strategy = roles.strategy
-        if not (strategy.saves and strategy.handles_sharded_state() and reshards_on_load(strategy)):
-            raise ValueError(f"recovery=grow: goes back to the full world from a checkpoint that DCP reshards on "
-                             f"load, which strategy={strategy.name} does not load from; use strategy=sync or "
-                             f"strategy=dcp_async (executor=thread)")
-        small = self.world_after(world_size, sorted(roles.injector.targets()))
-        if small == world_size:
-            raise ValueError(f"recovery.min_world_size={self.min_world_size}: the node loss would leave "
-                             f"{world_size - self.ranks_per_node} ranks, fewer than that, so the world never shrinks "
-                             f"and there is nothing to grow back; lower it or use recovery=restart")
-        try:
-            roles.parallel.check(small, roles.workload, strategy, roles.injector, roles.detectors)
-        except ValueError as exc:  # e.g. hsdp's replicas do not divide the survivors
-            raise ValueError(f"recovery=grow: the survivors of the node loss are {small} ranks, where {exc}") from None
 
     def take_back(self, event: dict[str, Any]) -> int | None:
         """Follow the run's events in order while the world is shrunk: the step of the first checkpoint committed

@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from resilience.caps import PolicyCaps
 from resilience.checks import require_int, require_number
 from resilience.record.events import EventLog, read_events
 from resilience.recovery.base import RecoveryPolicy
@@ -71,7 +72,7 @@ class NvrxInprocess(RecoveryPolicy):
     ``max_in_process`` times; a dead process, or a failure past that, falls back to the supervisor's restart of
     every process (``max_restarts``)."""
 
-    restarts_in_process = True
+    caps = PolicyCaps(restarts_in_process=True)
 
     def __init__(self, max_restarts: int = 3, max_in_process: int = 3, soft_timeout_s: float = 60.0,
                  hard_timeout_s: float = 90.0, heartbeat_timeout_s: float = 30.0, barrier_timeout_s: float = 120.0,

@@ -3,8 +3,10 @@ fingerprint (the detector's ``rollback_to``) and replays; corrupt newer checkpoi
 
 from __future__ import annotations
 
+from resilience.caps import PolicyCaps
 from resilience.recovery.base import RecoveryPolicy
 
 
 class Rollback(RecoveryPolicy):
     on_silent = "rollback"
+    caps = PolicyCaps(rolls_back=True)

@@ -9,8 +9,7 @@ is smaller (each rank draws its own batch) and the gradients are summed over few
 
 from __future__ import annotations
 
-from typing import Any
-
+from resilience.caps import PolicyCaps
 from resilience.checks import require_int
 from resilience.recovery.base import RecoveryPolicy
 
@@ -18,10 +17,13 @@ from resilience.recovery.base import RecoveryPolicy
 class Shrink(RecoveryPolicy):
     """Silent corruption is recorded; a crash or hang restarts the ranks of the nodes that are left."""
 
+    caps = PolicyCaps(resizes_world=True, of_setting={"min_world_size": "min_world_size"})
+
     def __init__(self, max_restarts: int, ranks_per_node: int = 1, min_world_size: int = 1) -> None:
         super().__init__(max_restarts)
         self.ranks_per_node = require_int("recovery.ranks_per_node", ranks_per_node, 1)
         self.min_world_size = require_int("recovery.min_world_size", min_world_size, 1)
+        self.caps = self.caps.under(min_world_size=self.min_world_size)
 
     def world_after(self, world_size: int, failed: list[int]) -> int:
         """The world size to restart with when ``failed`` ranks (of ``world_size``) failed: their nodes are gone.
@@ -30,22 +32,3 @@ class Shrink(RecoveryPolicy):
         nodes = {rank // self.ranks_per_node for rank in failed}
         left = world_size - len(nodes) * self.ranks_per_node
         return left if failed and left >= self.min_world_size else world_size
-
-    def check_resharding(self, world_size: int, roles: Any) -> None:
-        """Refuse sharded state with a strategy whose load does not reshard: its snapshots hold each old rank's
-        shards, and a survivor of another number would load the wrong one, silently (no bit-exact check applies
-        across world sizes). Data-parallel state is whole on every rank and fits any size."""
-        strategy = roles.strategy
-        if roles.parallel.shards_state and not reshards_on_load(strategy):
-            raise ValueError(f"recovery={self.name}: loads the checkpoint resharded to fewer ranks, which "
-                             f"strategy={strategy.name} cannot under parallel={roles.parallel.name} (its load holds "
-                             f"each old rank's shard); use strategy=sync or strategy=dcp_async (executor=thread)")
-
-
-def reshards_on_load(strategy: Any) -> bool:
-    """Whether every load of ``strategy`` is ``sync``'s, DCP's read of the checkpoint files, which reshards to any
-    world size. A load of its own (``inmemory``'s snapshots in the ranks' memory) holds each old rank's shards,
-    which do not fit a world of another size."""
-    from resilience.strategies.sync import SyncCheckpoint  # torch: only once a configuration is checked
-
-    return isinstance(strategy, SyncCheckpoint) and type(strategy)._load is SyncCheckpoint._load

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -70,8 +71,13 @@ class BackgroundCheckpoint(SyncCheckpoint):
     """Shared policy of strategies whose write outlives ``save``: one persist in flight, ``when_busy``, ``wait``.
 
     Loading is ``sync``'s (the newest committed checkpoint). Subclasses implement ``_start``, which returns a
-    future that completes once the checkpoint is committed (or fails with the persist's exception).
+    future that completes once the checkpoint is committed (or fails with the persist's exception). ``_start`` ends
+    the stall itself (``end_stall``) once the state is staged, before it hands the persist on (a thread, a
+    callback), so that the stall measures the staging alone, at the point it always has.
     """
+
+    # a save path of its own: whether it holds sharded state is each subclass's to say
+    caps = replace(SyncCheckpoint.caps, family="async snapshot + persist", shards_state=False)
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0) -> None:
         super().__init__(every, keep)
@@ -90,6 +96,7 @@ class BackgroundCheckpoint(SyncCheckpoint):
         if self._busy_anywhere():
             if self.when_busy == "skip":
                 self.rt.events.emit("ckpt_skipped", step=step, reason="persist in flight")
+                self.skip_stall()  # a skipped save is no stall: result.json's median counts checkpoints taken
                 return
             t0 = time.monotonic()
             self.wait()  # inside the stall: ckpt_begin is already out
@@ -160,10 +167,8 @@ class BackgroundCheckpoint(SyncCheckpoint):
 class AsyncCheckpoint(BackgroundCheckpoint):
     option = "async"  # the module cannot be called async.py: a Python keyword
     """CheckFreq's snapshot-then-persist, with a persist thread and reused host buffers."""
-
-
-    def handles_sharded_state(self) -> bool:
-        return True  # the snapshot holds each rank's own shards, which DCP writes as such (snapshot.py)
+    # the snapshot holds each rank's own shards, which DCP writes as such (snapshot.py)
+    caps = replace(BackgroundCheckpoint.caps, shards_state=True)
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
@@ -188,8 +193,7 @@ class AsyncCheckpoint(BackgroundCheckpoint):
 
     def _start(self, step: int, state: TrainState) -> Future:
         snap = self.snapshot.capture(state.state_dict())
-        self.rt.events.emit("ckpt_stall_end", step=step, snapshot_bytes=self.snapshot.nbytes,
-                            allocated_bytes=self.snapshot.allocated)
+        self.end_stall(step, snapshot_bytes=self.snapshot.nbytes, allocated_bytes=self.snapshot.allocated)
         done: Future = Future()
         work = lambda: write_checkpoint(self.rt, self.dirs, step, snap, self.keep, self.group)  # noqa: E731
         threading.Thread(target=self._run_persist, args=(step, done, work), name=f"persist-{step}",

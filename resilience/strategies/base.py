@@ -8,23 +8,23 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from typing import Any
 
 from pathlib import Path
 
+from resilience.caps import StrategyCaps
 from resilience.checks import require_int
 from resilience.named import Named
 from resilience.runtime import AgentService, NodeMemory, RankRuntime
-from resilience.state import TrainState
+from resilience.state import RestorePoint, TrainState
 from resilience.workloads.base import Workload
 
 
 class CheckpointStrategy(Named, ABC):
     """Saves training state every ``every`` steps and restores the newest good one after a restart."""
 
-    saves: bool = True  # False for strategies that never write a checkpoint
-    # True: survivors of a failure keep running and ``recover`` in place; the supervisor replaces only the failed
-    # ranks (``resilience.supervise.replacing``). False: every rank is restarted and calls ``load``.
-    recovers_in_place: bool = False
+    caps = StrategyCaps()  # what it does, for the table of rules (resilience.compat): readable without building it
+    _stalled: int | None = None  # the step whose save has begun and not yet ended its stall (``end_stall``)
 
     def __init__(self, every: int, keep: int) -> None:
         self.every = require_int("checkpoint.every", every, 1)
@@ -35,23 +35,12 @@ class CheckpointStrategy(Named, ABC):
         """The service this strategy provides to the rank's runtime: what its nodes hold in memory (None: nothing)."""
         return None
 
-    def keeps_world_group(self) -> bool:
-        """Whether every rank's process group is the whole world for the run's life (a detector that compares the
-        ranks needs it); False where ranks train in groups of their own or a group shrinks while a rank is replaced."""
-        return True
-
-    def writes_through_checkpoint_fs(self) -> bool:
-        """Whether every checkpoint file goes through the runtime's ``ckpt_fs`` (DCP's file-system layer), the
-        seam that disk faults act on; False for a writer that opens its files itself."""
-        return False
-
-    def handles_sharded_state(self) -> bool:
-        """Whether this strategy saves and loads a sharded model's state (each rank its shards: ``parallel=fsdp``)."""
-        return False
-
-    def sharded_refusal(self) -> str:
-        """Why this strategy cannot save a sharded model's state: one clause for the parallel setting's refusal."""
-        return "it keeps whole-model copies"
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = {"_save", "_load", "load"} & set(vars(cls))
+        if own and "caps" not in vars(cls):  # a way of its own to save or load: its parent's record may not hold
+            raise TypeError(f"{cls.__name__}: saves or loads in a way of its own ({', '.join(sorted(own))}); "
+                            f"declare what it can do: caps = StrategyCaps(...)")
 
     def agent_service(self) -> AgentService | None:
         """What this strategy runs in the supervisor process across rank restarts (None: nothing)."""
@@ -73,20 +62,43 @@ class CheckpointStrategy(Named, ABC):
 
     def due(self, step: int, total_steps: int) -> bool:
         """A checkpoint is due after every ``every``-th step; the final state is not checkpointed (the run ends)."""
-        return self.saves and step % self.every == 0 and 0 < step < total_steps
+        return self.caps.saves and step % self.every == 0 and 0 < step < total_steps
 
     def save(self, step: int, total_steps: int, state: TrainState) -> None:
         """Checkpoint ``state`` (the state after ``step`` optimizer steps) if one is due."""
         if not self.due(step, total_steps):
             return
         self.rt.events.emit("ckpt_begin", step=step)
+        self._stalled = step
         self._save(step, state)
+        self.end_stall(step)  # training goes on now, unless the strategy said so earlier (or skipped the save)
+
+    def end_stall(self, step: int, **fields: Any) -> None:
+        """Record that training may go on after the save of ``step`` (``ckpt_stall_end``), once per save: ``save``
+        calls it when ``_save`` returns; a strategy whose stall ends earlier (it then starts its background
+        persist) calls it at that point, with any fields of its own."""
+        if self._stalled == step:
+            self._stalled = None
+            self.rt.events.emit("ckpt_stall_end", step=step, **fields)
+
+    def skip_stall(self) -> None:
+        """The save that began took no checkpoint (``when_busy=skip``): it records no end of a stall."""
+        self._stalled = None
 
     def load(self, state: TrainState) -> int:
-        """Restore the newest good checkpoint into ``state``; return its step (0: nothing to load, start fresh)."""
+        """Restore the newest good checkpoint into ``state``; return its step (0: nothing to load, start fresh).
+
+        When nothing is loaded (every checkpoint rejected, or none), or the load fails, ``state`` is put back as
+        it was: a rejected checkpoint leaves no trace in the training that follows."""
+        point = RestorePoint(state)
         t0 = time.monotonic()
-        loaded = self._load(state)
+        try:
+            loaded = self._load(state)
+        except BaseException:
+            point.restore()
+            raise
         if loaded is None:
+            point.restore()
             return 0
         step, source, nbytes = loaded
         self.rt.events.emit("ckpt_loaded", step=step, source=source, bytes=nbytes,
@@ -111,7 +123,8 @@ class CheckpointStrategy(Named, ABC):
 
     @abstractmethod
     def _save(self, step: int, state: TrainState) -> None:
-        """Write the checkpoint for ``step``; emit ``ckpt_stall_end`` and (on rank 0) ``ckpt_durable``."""
+        """Write the checkpoint for ``step``; on rank 0 emit ``ckpt_durable`` once it is committed (``save`` ends
+        the stall when this returns: see ``end_stall``)."""
 
     @abstractmethod
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:

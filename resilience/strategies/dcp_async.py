@@ -22,6 +22,7 @@ rank once the save is handed over (the daemon is writing), not after this rank's
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from resilience.checks import require_choice
 from resilience.ckpt.checksum import ChecksumFileSystem
+from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.strategies.async_ckpt import BackgroundCheckpoint, commit_checkpoint, hooked_writer
 from resilience.strategies.peer import PeerLibrary, PeerStrategy
@@ -56,25 +58,22 @@ class ChecksumWriter(FileSystemWriter):
 class DcpAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     library = PeerLibrary("torch.distributed.checkpoint", "torch", extra="")
-
-    def writes_through_checkpoint_fs(self) -> bool:
-        return self.executor == "thread"  # the daemon process of the other executor writes without our layer
-
-    def handles_sharded_state(self) -> bool:
-        return self.executor == "thread"  # the daemon has no device mesh to hold DTensor shards
-
-    def sharded_refusal(self) -> str:
-        return f"strategy.executor={self.executor}: DCP's checkpoint process has no device mesh to hold DTensor shards"
+    # the other executor's daemon process writes without our file-system layer, and has no device mesh
+    caps = replace(BackgroundCheckpoint.caps, shards_state=True, when={"executor=process": {
+        "writes_through_checkpoint_fs": False, "shards_state": False,
+        "sharded_refusal": "strategy.executor=process: DCP's checkpoint process has no device mesh to hold DTensor "
+                           "shards"}})
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
                  stager: str = "blocking", executor: str = "thread") -> None:
         super().__init__(every, keep, when_busy, timeout_s)
         self.stager_kind = require_choice("strategy.stager", stager, STAGERS)
         self.executor = require_choice("strategy.executor", executor, EXECUTORS)
+        self.caps = self.caps.under(executor=self.executor)
         self.choose_patches("none")
         self._stager = None
 
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.declare([], stager=self.stager_kind, executor=self.executor)
         if self.stager_kind == "default" and self._stager is None:
@@ -99,7 +98,9 @@ class DcpAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
         if not isinstance(response, Future):  # a background stager: wait until the copy is made
             response.staging_completion.result()
             upload = response.upload_completion
-        rt.events.emit("ckpt_stall_end", step=step)
+        # The stall ends at staging, before the fault hook (a kill during_checkpoint finds it recorded) and before
+        # the done-callback, which commits in this thread when the upload has already finished.
+        self.end_stall(step)
         if process:
             rt.fault_hook("during_checkpoint", step)
         done: Future = Future()

@@ -43,6 +43,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +53,15 @@ import torch.distributed as dist
 from resilience.checks import require_int
 from resilience.ckpt.snapshot import is_sharded
 from resilience.record.fsio import atomic_write_json
-from resilience.runtime import NodeMemory
+from resilience.record.torch_workarounds import declare
+from resilience.runtime import NodeMemory, RankRuntime
 from resilience.state import TrainState, map_tensors, state_crc32, tensor_bytes
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.dlrover_agent import AGENT_ROLE, POLL_S, AgentSaver
 from resilience.strategies.dlrover_layout import RANK0, TWINS, has_twins
 from resilience.strategies.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.workloads.base import Workload
 
 RUN_ID_FILE = "dlrover_run_id"
 FINGERPRINTS = "fingerprints.json"  # in the checkpoint directory: {step: CRC32 of the saved state}
@@ -98,12 +101,21 @@ PATCHES = (
           "each group's shards under keys of its own", lambda: True, lambda: None),
 )
 ONLY_FOR = {CLONE: "whole", RANK_IN_CONFIG: "sharded", RANK0: "sharded", TWINS: "twins"}  # where a patch matters
+ENGINE_INTERNALS = declare(
+    "dlrover_engine_internals", "the checkpointer's public API neither says where a load came from nor wipes a "
+    "node's memory copy: its private _engine (get_state_dict_from_memory, close) and the engine's _shm_handler "
+    "(dlrover_sharded.py too) do", ("0.6.1",), __name__, package="dlrover")
 
 
 class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     library = PeerLibrary("dlrover.trainer.torch.flash_checkpoint.ddp", "dlrover", extra="dlrover")
     known_patches = PATCHES
+    # Sharded state through DLRover's FSDP engine (dlrover_sharded.py), loaded from its own memory copy (not
+    # resharded); with saver=agent the saver lives in the supervisor (its memory survives a rank restart).
+    caps = replace(BackgroundCheckpoint.caps, family="in-memory", writes_through_checkpoint_fs=False,
+                   shards_state=True, reshards_on_load=False, runs_in_supervisor=True,
+                   when={"saver=rank": {"runs_in_supervisor": False}})
 
     def __init__(self, every: int, keep: int, persist_every: int = 2, timeout_s: float = 60.0,
                  patches: str | list[str] = "all", saver: str = "agent") -> None:
@@ -112,13 +124,15 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         if saver not in SAVERS:
             raise ValueError(f"strategy.saver={saver}: allowed: {', '.join(SAVERS)}")
         self.saver = saver
+        self.caps = self.caps.under(saver=saver)
         self.choose_patches(patches)
         self._fingerprints: dict[str, int] = {}
 
-    def handles_sharded_state(self) -> bool:
-        return True  # through DLRover's FSDP engine (dlrover_sharded.py)
+    def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
+        super().check_host(workload, world_size, shards)
+        ENGINE_INTERNALS.check()  # before launch, in one line, on a DLRover it was not checked on
 
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.library.load()
         if rt.rank == 0:
@@ -146,6 +160,7 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             settings["api"] = SHARDED_API
         self.declare(self.applied, **settings)
         self.storage_type = lib.StorageType
+        ENGINE_INTERNALS.acted(self.rt.events)  # loads, node-loss wipes and close go through them from here
         if sharded:
             self.sharded = ShardedFlash(self.rt.ckpt_dir, self.timeout_s, {p.name for p in self.applied})
         else:
@@ -184,7 +199,8 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             self._fingerprints = dict(list(self._fingerprints.items())[-FINGERPRINTS_KEPT:])
             atomic_write_json(self.rt.ckpt_dir / FINGERPRINTS, self._fingerprints)
         dist.barrier()  # the fingerprint is on disk before any rank goes on (and may die)
-        self.rt.events.emit("ckpt_stall_end", step=step, fingerprint_s=time.monotonic() - t0, persist=persist)
+        # Ends the stall before the persist is handed on, with the fingerprint's cost and whether it persists.
+        self.end_stall(step, fingerprint_s=time.monotonic() - t0, persist=persist)
         if persist:
             self._pending = self._persist(step)
 
@@ -236,8 +252,7 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         source, sd = loaded
         if source == "memory" and (entry is not None and sd["step"] < entry.step
                                    or not self._verified(int(sd["step"]), sd)):
-            if entry is None:  # the load initialised the optimizer's state (a zero-lr step): fresh again
-                state.optimizer.state.clear()
+            if entry is None:  # nothing else to load (the base ``load`` puts the fresh state back)
                 return None
             sd, source = flash.load_disk(state, entry.path), "disk"
         if source == "disk" and not self._verified(entry.step, sd):

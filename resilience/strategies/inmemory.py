@@ -46,6 +46,9 @@ from resilience.strategies.sync import SyncCheckpoint
 class InMemoryCheckpoint(SyncCheckpoint):
     """Snapshots to shared memory (own area + one peer copy), persisting every ``persist_every``-th to disk."""
 
+    # each rank snapshots its own shards (codec.snapshot_state) and loads exactly those back: not resharded
+    caps = dataclasses.replace(SyncCheckpoint.caps, family="in-memory", reshards_on_load=False)
+
     def __init__(self, every: int, keep: int, persist_every: int = 4, ranks_per_node: int = 1,
                  verify: bool = True, world_size: int | None = None) -> None:
         super().__init__(every, keep)
@@ -86,9 +89,6 @@ class InMemoryCheckpoint(SyncCheckpoint):
             raise ValueError(f"strategy=inmemory: its snapshots need about {need / 1e6:,.0f} MB of "
                              f"{shm_store.SHM_DIR} for {world_size} ranks, {free / 1e6:,.0f} MB is free (short by "
                              f"{(need - free) / 1e6:,.0f} MB); free some, or use fewer ranks or strategy=sync")
-
-    def handles_sharded_state(self) -> bool:
-        return True  # each rank snapshots its own shards (codec.snapshot_state) and loads exactly those back
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
@@ -159,9 +159,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
         except (OSError, ValueError) as exc:  # e.g. /dev/shm full: no snapshot this time, training goes on
             rt.events.emit("ckpt_failed", step=step, error=f"memory: {type(exc).__name__}: {exc}"[:500], fsync=True)
         if self.persist_due(step):
-            super()._save(step, state)  # emits ckpt_stall_end (and ckpt_durable on rank 0)
-        else:
-            rt.events.emit("ckpt_stall_end", step=step)
+            super()._save(step, state)  # and ckpt_durable on rank 0
 
     def _finish(self, step: int, own: Area, info: SlotInfo, peer: Area | None, meta: bytes, t0: float) -> None:
         """After the stall: sum our slot's CRC32 (``strategy.verify``) and commit it, then copy it to the peer (the

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from resilience.caps import StrategyCaps
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
 
 
 class NoCheckpoint(CheckpointStrategy):
-    saves = False
+    caps = StrategyCaps(saves=False)
 
     def _save(self, step: int, state: TrainState) -> None:
         raise AssertionError("NoCheckpoint never saves")

@@ -18,10 +18,12 @@ Two workarounds are needed on a CPU-only build (``strategy.patches``; both decla
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
+from resilience.runtime import RankRuntime
 from resilience.state import TrainState, map_tensors
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
@@ -96,6 +98,11 @@ class NvrxAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     library = PeerLibrary(_ASYNC, "nvidia-resiliency-ext", extra="nvrx")
     known_patches = PATCHES
+    # Each rank's torch.save holds its own DTensor shards (with their mesh), which load back into the same mesh
+    # after a restart at the same world size: bit-exact under fsdp and hsdp (docs/sharded.md). They cannot be
+    # resharded (its load is its own), so recovery=shrink|grow refuse it. The library opens its own files.
+    caps = replace(BackgroundCheckpoint.caps, writes_through_checkpoint_fs=False, shards_state=True,
+                   reshards_on_load=False)
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
                  patches: str | list[str] = "all") -> None:
@@ -103,13 +110,7 @@ class NvrxAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
         self.choose_patches(patches)
         self._saver = None
 
-    def handles_sharded_state(self) -> bool:
-        # Each rank's torch.save holds its own DTensor shards (with their mesh), which load back into the same mesh
-        # after a restart at the same world size: bit-exact under fsdp and hsdp (docs/sharded.md). They cannot be
-        # resharded, so recovery=shrink|grow refuse it (its load is its own: shrink.reshards_on_load).
-        return True
-
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.library.load()
         self.declare(self.applied_patches(), persistent_queue=True)
@@ -125,7 +126,7 @@ class NvrxAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
             self.dirs.prepare(step)
         dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
         self._saver.async_save(state.state_dict(), str(self._file(step)))
-        rt.events.emit("ckpt_stall_end", step=step)
+        self.end_stall(step)  # staged: the persist thread is not part of the stall (BackgroundCheckpoint)
         return self._commit_when_written(step, lambda: self._saver.finalize_async_save(blocking=True, no_dist=True))
 
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:

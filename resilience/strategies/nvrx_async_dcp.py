@@ -29,11 +29,13 @@ from __future__ import annotations
 import importlib
 import threading
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
+from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.strategies.async_ckpt import BackgroundCheckpoint, commit_checkpoint
 from resilience.strategies.nvrx_async import NvrxAsyncCheckpoint
@@ -76,6 +78,8 @@ class NvrxAsyncDcpCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     library = NvrxAsyncCheckpoint.library  # the same package and extra as nvrx_async
     known_patches = PATCHES
+    # DCP plans each rank's DTensor shards and reshards on load; NVRx writes the plan, opening its files itself
+    caps = replace(BackgroundCheckpoint.caps, writes_through_checkpoint_fs=False, shards_state=True)
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
                  patches: str | list[str] = "all") -> None:
@@ -83,10 +87,7 @@ class NvrxAsyncDcpCheckpoint(PeerStrategy, BackgroundCheckpoint):
         self.choose_patches(patches)
         self._calls = None
 
-    def handles_sharded_state(self) -> bool:
-        return True  # DCP plans each rank's DTensor shards and reshards on load; NVRx only writes the plan
-
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.library.load()
         applied = self.applied_patches()
@@ -117,7 +118,7 @@ class NvrxAsyncDcpCheckpoint(PeerStrategy, BackgroundCheckpoint):
             request = _module("core").AsyncRequest(save_fn, args, finalize,
                                                    preload_fn=self._preload(writer, shipped_preload))
             self._calls.schedule_async_request(request)
-        rt.events.emit("ckpt_stall_end", step=step)
+        self.end_stall(step)  # staged: the persist thread is not part of the stall (BackgroundCheckpoint)
 
         def work() -> None:
             if save_fn is None:  # nothing of this rank's to write: the queue would wait for a worker reply

@@ -79,9 +79,6 @@ class PeerStrategy(CheckpointStrategy):
                              f"{', '.join(names) if names else '(no patches for this library)'}")
         self.patches = [p for p in self.known_patches if p.name in chosen]
 
-    def writes_through_checkpoint_fs(self) -> bool:
-        return False  # a library opens its own files (see docs/peers.md "Faults")
-
     def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
         """The library must be importable where the ranks start: one line naming the extra otherwise."""
         try:

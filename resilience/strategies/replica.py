@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from resilience.caps import StrategyCaps
 from resilience.checks import require_choice, require_number
 from resilience.record.events import read_events
 from resilience.state import TrainState
@@ -50,22 +51,20 @@ MODES = ("wait", "continue")
 
 
 class ReplicaRecovery(CheckpointStrategy):
-    saves = False
-    recovers_in_place = True
     # A replacement's model is built uninitialised (the rank's main): the heal overwrites every byte of it, at any
     # position (``reconcile(..., empty=True)``), so the initialisation would be wasted work on its critical path.
-    overwrites_replacement_state = True
-
-    def keeps_world_group(self) -> bool:
-        return self.while_replacing == "wait"  # continue: the survivors train on in a group of their own
-
-    def handles_sharded_state(self) -> bool:
-        return self.while_replacing == "wait"  # continue: HSDP's mesh cannot be formed by the survivors alone
+    # With while_replacing=continue the survivors train on in a group of their own.
+    caps = StrategyCaps(saves=False, recovers_in_place=True, overwrites_replacement_state=True, shards_state=True,
+                        when={"while_replacing=continue": {
+                            "keeps_world_group": False, "shards_state": False,
+                            "sharded_refusal": "strategy.while_replacing=continue: the survivors alone cannot form "
+                                               "HSDP's mesh, which while_replacing=wait keeps"}})
 
     def __init__(self, every: int, keep: int, while_replacing: str = "wait", replace_timeout_s: float | str = "auto",
                  replace_start_factor: float = 10.0) -> None:
         super().__init__(every, keep)
         self.while_replacing = require_choice("strategy.while_replacing", while_replacing, MODES)
+        self.caps = self.caps.under(while_replacing=self.while_replacing)
         if replace_timeout_s != "auto":
             replace_timeout_s = require_number("strategy.replace_timeout_s", replace_timeout_s, above=0)
         self.replace_timeout_s = replace_timeout_s

@@ -26,8 +26,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from resilience.record.torch_workarounds import declare
 from resilience.runtime import RankRuntime
 from resilience.state import TrainState
+
+FORGET_GROUPS = declare(
+    "forget_broken_groups", "a broken process group closes its sockets only once nothing refers to it, and DTensor's "
+    "caches and FSDP's DataParallelMeshInfo (private _fsdp_common) keep it: a gc.get_objects() sweep clears the "
+    "meshes' _pg_registry and the mesh infos' groups", ("2.13.0",), __name__)
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -120,6 +126,7 @@ def release(state: TrainState, error: BaseException) -> Held:
     if error.__traceback__ is not None:  # the failed collective's frames hold FSDP's objects, and so the groups
         traceback.clear_frames(error.__traceback__)
     gc.collect()  # FSDP's hooks make cycles: the groups close their sockets only once these are collected
+    FORGET_GROUPS.acted()  # the survivor lives on: it declares it before its event log closes (declare_acted)
     _forget_groups()
     return Held(kept, sharded, groups)
 

@@ -28,15 +28,17 @@ from typing import Any
 import torch
 from torch.distributed import TCPStore
 
+from resilience.caps import StrategyCaps
 from resilience.checks import require_int, require_number
+from resilience.parallel.ddp import DataParallel
 from resilience.record.events import read_events
+from resilience.runtime import RankRuntime
 from resilience.state import TrainState, map_tensors, state_sha256
 from resilience.strategies.owned_step import StepControl
 from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
 from resilience.strategies.torchft_hsdp import (GroupWorld, ReplicaGroups, load_local_shards, local_shards,
                                                 set_all_reduce_hooks, shard_model)
 from resilience.strategies.torchft_lighthouse import Lighthouse
-from resilience.workloads.base import Workload
 
 HEARTBEAT_INTERVAL_S = 0.1  # the Manager's default: how often a group tells the lighthouse it is alive
 
@@ -70,14 +72,12 @@ PATCHES = (
 
 
 class ReplicaTorchft(PeerStrategy, StepControl):
-    saves = False
-    recovers_in_place = True  # the supervisor replaces only the dead group; the others never stop
-
-    def keeps_world_group(self) -> bool:
-        return False  # each rank, or each replica of the shards (hsdp), is its own replica group
-
-    def handles_sharded_state(self) -> bool:
-        return True  # under hsdp each rank heals its own shard (``torchft_hsdp``); fsdp has no replica to heal from
+    # The supervisor replaces only the dead group; the others never stop. Each rank, or each replica of the shards
+    # (hsdp), is its own replica group, healed by its own shard (``torchft_hsdp``); the lighthouse runs in the
+    # supervisor.
+    caps = StrategyCaps(saves=False, recovers_in_place=True, keeps_world_group=False, shards_state=True,
+                        runs_in_supervisor=True, min_replica_groups=1,
+                        of_setting={"min_replica_groups": "min_replicas"})
     library = PeerLibrary("torchft", "torchft", extra="torchft")
     known_patches = PATCHES
 
@@ -86,6 +86,7 @@ class ReplicaTorchft(PeerStrategy, StepControl):
                  patches: str | list[str] = "all") -> None:
         super().__init__(every, keep)
         self.min_replicas = require_int("strategy.min_replicas", min_replicas, 1)
+        self.caps = self.caps.under(min_replicas=self.min_replicas)
         self.heartbeat_timeout_s = require_number("strategy.heartbeat_timeout_s", heartbeat_timeout_s,
                                                   above=2 * HEARTBEAT_INTERVAL_S)
         self.join_timeout_s = require_number("strategy.join_timeout_s", join_timeout_s, above=0)
@@ -93,17 +94,11 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         self.timeout_s = require_number("strategy.timeout_s", timeout_s, above=0)
         self.choose_patches(patches)
 
-    def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
-        super().check_host(workload, world_size, shards)
-        if self.min_replicas > world_size:
-            raise ValueError(f"strategy.min_replicas={self.min_replicas}: at most world_size={world_size} "
-                             f"(each rank is one replica group; under parallel=hsdp each replica of the shards)")
-
     def agent_service(self) -> Lighthouse:
         return Lighthouse(self.min_replicas, round(self.heartbeat_timeout_s * 1000),
                           round(self.join_timeout_s * 1000), quorum_tick_ms=100)
 
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.ft = self.library.load()
         # The parallel setting and the workload come from the run's configuration: under hsdp this strategy
@@ -115,12 +110,9 @@ class ReplicaTorchft(PeerStrategy, StepControl):
         # then leaves every thread's Python stack in the rank's log.
         faulthandler.enable()
         cfg = OmegaConf.load(rt.run_dir / "config.yaml")
-        self.parallel = instantiate(cfg.parallel) if "parallel" in cfg else None
+        self.parallel = instantiate(cfg.parallel) if "parallel" in cfg else DataParallel()
         self.workload = instantiate(cfg.workload, seed=cfg.seed)
-        self.groups = ReplicaGroups.of(self.parallel, rt.rank, rt.world_size)
-        if self.min_replicas > self.groups.count:
-            raise ValueError(f"strategy.min_replicas={self.min_replicas}: at most the {self.groups.count} replica "
-                             f"groups of parallel={getattr(self.parallel, 'name', 'ddp')}")
+        self.groups = ReplicaGroups.of(self.parallel, rt.rank, rt.world_size)  # min_replicas fits: resilience.compat
         # Under hsdp torchft's DDP is not used (FSDP's all-reduce hook calls the Manager): its hook patch would act
         # on nothing, so it is neither installed nor declared.
         applied = self.applied_patches() if self.groups.shard == 1 else []

@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 
-from resilience.runtime import PhaseHook
+from resilience.caps import StrategyCaps
+from resilience.runtime import PhaseHook, RankRuntime
 from resilience.state import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.checksum import ChecksumFileSystem
@@ -52,16 +53,11 @@ class HookedWriter(FileSystemWriter):
 
 
 class SyncCheckpoint(CheckpointStrategy):
+    # DCP writes each rank's DTensor shards through the checkpoint file system and reshards them on load
+    caps = StrategyCaps(family="blocking", writes_through_checkpoint_fs=True, shards_state=True,
+                        reshards_on_load=True)
 
-    def writes_through_checkpoint_fs(self) -> bool:
-        return True
-
-    def handles_sharded_state(self) -> bool:
-        # DCP writes each rank's DTensor shards and reshards on load; a subclass with a save path of its own
-        # (async, inmemory, the libraries') says for itself
-        return type(self)._save is SyncCheckpoint._save
-
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
         self._rejected: set[int] = set()  # steps passed over in this attempt (a load may try again)
@@ -80,14 +76,12 @@ class SyncCheckpoint(CheckpointStrategy):
             # checkpoint is lost, not corrupt, and training goes on. (A peer's death is not caught here: the
             # collective error propagates and the rank fails, as it must.)
             rt.events.emit("ckpt_failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500], fsync=True)
-            rt.events.emit("ckpt_stall_end", step=step)
             return
         if rt.rank == 0:
             nbytes = self.dirs.commit(step)
             rt.events.emit("ckpt_durable", step=step, bytes=nbytes, path=str(path), fsync=True)
             for pruned in self.dirs.prune(self.keep):
                 rt.events.emit("ckpt_pruned", step=pruned)
-        rt.events.emit("ckpt_stall_end", step=step)
 
     def agreed_entry(self, checksums: bool = True) -> CheckpointEntry | None:
         """The checkpoint every rank loads: rank 0 chooses and everyone follows (all must restore the same step).

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from resilience.state import map_tensors
+
+if TYPE_CHECKING:
+    from resilience.parallel.base import Parallelism
 
 KEY = "torchft_hsdp"  # the prefix of this module's keys on the supervisor's store
 
@@ -47,12 +50,12 @@ class ReplicaGroups:
         return self.world_size // self.shard
 
     @classmethod
-    def of(cls, parallel: Any, rank: int, world_size: int) -> ReplicaGroups:
+    def of(cls, parallel: Parallelism, rank: int, world_size: int) -> ReplicaGroups:
         """The groups of a parallel setting: under hsdp a group per replica of the shards, else a group per rank."""
-        replicate = getattr(parallel, "replicas", 1) if getattr(parallel, "shards_state", False) else None
-        if replicate is None:
+        caps = parallel.caps
+        if not caps.shards_state:
             return cls(rank, world_size)
-        return cls(rank, world_size, world_size // replicate)
+        return cls(rank, world_size, world_size // caps.replicas)
 
 
 class GroupWorld:

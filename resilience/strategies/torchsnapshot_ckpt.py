@@ -19,9 +19,11 @@ its staging raises on every rank (``tests/sharded_torchsnapshot_probe.py``; ``sh
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import replace
 
 import torch.distributed as dist
 
+from resilience.runtime import RankRuntime
 from resilience.state import TrainState
 from resilience.strategies.async_ckpt import BackgroundCheckpoint
 from resilience.strategies.peer import PeerLibrary, PeerStrategy
@@ -31,18 +33,18 @@ class TorchSnapshotCheckpoint(PeerStrategy, BackgroundCheckpoint):
     option = "torchsnapshot"  # the module cannot be called torchsnapshot.py: it would read as the library
 
     library = PeerLibrary("torchsnapshot", "torchsnapshot", extra="torchsnapshot")
+    # The library opens its own files and loads its own snapshots. Why it cannot save FSDP2's sharded state was found
+    # with tests/sharded_torchsnapshot_probe.py: take and async_take, with and without replicated=["**"].
+    caps = replace(BackgroundCheckpoint.caps, writes_through_checkpoint_fs=False, reshards_on_load=False,
+                   sharded_refusal="torchsnapshot 0.1.0 has no DTensor support (FSDP2's shards are taken for whole "
+                                   "tensors and every rank's save raises: .numpy() is not supported for tensor "
+                                   "subclasses)")
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0) -> None:
         super().__init__(every, keep, when_busy, timeout_s)
         self.choose_patches("none")
 
-    def sharded_refusal(self) -> str:
-        """Why this strategy cannot save FSDP2's sharded state (for the parallel setting's one-line refusal)."""
-        # found with tests/sharded_torchsnapshot_probe.py: take and async_take, with and without replicated=["**"]
-        return ("torchsnapshot 0.1.0 has no DTensor support (FSDP2's shards are taken for whole tensors and every "
-                "rank's save raises: .numpy() is not supported for tensor subclasses)")
-
-    def attach(self, rt) -> None:
+    def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.ts = self.library.load()
         self.declare([], replicated="**")
@@ -54,7 +56,7 @@ class TorchSnapshotCheckpoint(PeerStrategy, BackgroundCheckpoint):
         dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
         pending = self.ts.Snapshot.async_take(str(self.dirs.path_for(step)), {"train": state}, pg=self.group,
                                               replicated=["**"])
-        rt.events.emit("ckpt_stall_end", step=step)
+        self.end_stall(step)  # staged: the persist thread is not part of the stall (BackgroundCheckpoint)
         return self._commit_when_written(step, pending.wait)
 
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:

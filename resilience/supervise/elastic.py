@@ -26,10 +26,16 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from resilience.record.events import EVENTS_FILE, EventLog
+from resilience.record.torch_workarounds import declare
 from resilience.runtime import AgentService
 from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
 from resilience.supervise.supervisor import Supervisor
+
+AGENT_HOOKS = declare(
+    "elastic_agent_hooks", "the elastic agent has no public hook to watch its ranks: ObservedAgent overrides "
+    "LocalElasticAgent's _monitor_workers, _stop_workers and _restart_workers and reads its _pcontext (the ranks' "
+    "pids and exit codes) and _remaining_restarts", ("2.13.0",), __name__)
 
 
 class ObservedAgent(LocalElasticAgent):
@@ -157,6 +163,7 @@ class ElasticSupervisor(Supervisor):
     mode = "restart_all"
 
     def _run(self, events: EventLog, observer: Observer) -> str:
+        AGENT_HOOKS.acted(events)  # refused here, before any rank starts, on a torch it was not checked on
         # torchelastic logs verbosely at INFO: keep it in supervisor.log, off the console.
         tel = logging.getLogger("torch.distributed.elastic")
         tel.propagate = False
@@ -186,8 +193,8 @@ class ElasticSupervisor(Supervisor):
             observer=observer,
             policy=self.policy.name,
             services=services,
-            shrink=getattr(self.policy, "world_after", None),
-            grow=self.policy if hasattr(self.policy, "take_back") else None,
+            shrink=self.policy.world_after if self.policy.caps.resizes_world else None,
+            grow=self.policy if self.policy.caps.grows_back else None,
         )
         started: list[AgentService] = []
         try:

@@ -42,11 +42,11 @@ class FtLauncherSupervisor(TorchrunSupervisor):
     def caveats(self) -> list[str]:
         """What the run's settings ask for that ft_launcher does not do (said, never silently ignored)."""
         said = []
-        unseen = [d.name for d in self.detectors if d.acts_in_supervisor() and d.name != "nvrx_heartbeat"]
+        unseen = [d.name for d in self.detectors if d.acts_in_supervisor() and d.caps.served_by != self.mode]
         if unseen:
             said.append(f"supervisor.launcher=ft_launcher: detector(s) {', '.join(unseen)} act in the supervisor, "
                         f"which ft_launcher's agent replaces: they do not run")
-        if "nvrx_heartbeat" not in {d.name for d in self.detectors}:
+        if not any(d.caps.served_by == self.mode for d in self.detectors):
             said.append("supervisor.launcher=ft_launcher: no rank sends NVRx heartbeats (add nvrx_heartbeat to the "
                         "detector list): its rank monitors then see no hang")
         return said

@@ -22,8 +22,8 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
-from resilience.orphans import adopt_orphans, kill_children
-from resilience.record.events import EventLog
+from resilience.orphans import adopt_orphans, kill_children, remove_torch_segments
+from resilience.record.events import EventLog, read_events
 from resilience.record.host_load import HostLoadSampler
 from resilience.record.memory import MemorySampler
 from resilience.record.board import create_board
@@ -99,11 +99,19 @@ class Supervisor(ABC):
             left = kill_children()
             if left:  # a finding about the library that started them: recorded, not hidden
                 events.emit("orphans_killed", processes=sorted(left.values()))
+            segments = remove_torch_segments(sampler.pids | set(left) | rank_pids(self.run_dir))
+            if segments:  # every process of the run is gone: what they shared with each other is a leak
+                events.emit("shm_leftovers_removed", files=sorted(n for n, _ in segments),
+                            bytes=sum(b for _, b in segments))
             # After every process of the run is reaped: their CPU time is then the supervisor's children's.
             events.emit("host_load", **host.stop(), thresholds={k: self.cfg.validity[k] for k in THRESHOLDS})
         events.emit("supervisor_end", outcome=outcome, signal=self.interrupted_by, fsync=True)
         events.close()
         return outcome
+
+    def caveats(self) -> list[str]:
+        """What the user should know before trusting this launcher's figures (printed as warnings at the start)."""
+        return []
 
     def agent_services(self) -> list[AgentService]:
         """What the strategy and the detectors run in the supervisor process across rank restarts (built once)."""
@@ -120,3 +128,7 @@ class Supervisor(ABC):
     def _run(self, events: EventLog, observer: Observer) -> str:
         """Start the ranks, watch and recover them; return "succeeded" or "failed"."""
 
+
+def rank_pids(run_dir: Path) -> set[int]:
+    """Every rank process the run started (each attempt's ``run_start``): the ones that hand tensors to workers."""
+    return {e["pid"] for e in read_events(run_dir) if e["kind"] == "run_start"}

@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
+from resilience.caps import WorkloadCaps
+
 
 def stream_seed(*parts: int | str) -> int:
     """A 63-bit seed that is a pure function of ``parts`` (e.g. seed, step, rank), identical on every machine."""
@@ -17,6 +19,8 @@ def stream_seed(*parts: int | str) -> int:
 
 class Workload(ABC):
     """A model, its optimizer and its data; the batch for (step, rank) is a pure function of (seed, step, rank)."""
+
+    caps = WorkloadCaps()
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

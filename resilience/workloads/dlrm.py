@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resilience.caps import WorkloadCaps
 from resilience.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
 
@@ -58,6 +59,8 @@ class DLRM(nn.Module):
 
 class DLRMWorkload(Workload):
     """Click-through prediction (BCE) on a synthetic, learnable, seed-determined stream."""
+
+    caps = WorkloadCaps(sparse_gradients=True)  # its embedding tables (sparse=True)
 
     def __init__(self, seed: int, tables: int = 8, rows: int = 550_000, dim: int = 32,
                  dense_in: int = 13, hidden: int = 64, batch_size: int = 512, lr: float = 0.05,

@@ -1,0 +1,86 @@
+"""What each role declares about itself: a frozen capability record per role kind, a class attribute (``caps``).
+
+The table of rules (``resilience.compat``) reads these records, never the roles' code, to say which roles go
+together; the report, the hints in the refusals and ``docs/compatibility.md`` read them over the options in
+``conf/`` without building a role. A capability that depends on one of the option's settings is declared with the
+record: ``when`` changes fields where a setting has a value (``"executor=process"``), ``of_setting`` takes a field's
+value from a setting (``replicas`` from ``replicate``); ``under(**settings)`` gives the record for those settings, and
+a role whose record depends on its settings sets ``self.caps = self.caps.under(...)`` where it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Self
+
+
+@dataclass(frozen=True, kw_only=True)
+class Caps:
+    """The base of every record: the settings that change it."""
+
+    when: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    of_setting: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def under(self, **settings: Any) -> Self:
+        """The record for an option with ``settings`` (those that ``when`` and ``of_setting`` do not name are
+        ignored; a setting left out keeps the declared value)."""
+        changes = {name: settings[key] for name, key in self.of_setting.items() if settings.get(key) is not None}
+        for case, fields in self.when.items():
+            key, _, value = case.partition("=")
+            if key in settings and str(settings[key]) == value:
+                changes.update(fields)
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyCaps(Caps):
+    family: str | None = None  # the checkpointing technique it implements (the report's families); None: no technique
+    saves: bool = True  # False: it never writes a checkpoint
+    # True: survivors of a failure keep running and recover in place; the supervisor replaces only the failed ranks.
+    recovers_in_place: bool = False
+    # A replacement's model is built uninitialised: the strategy overwrites every byte of it (a replica's heal).
+    overwrites_replacement_state: bool = False
+    keeps_world_group: bool = True  # False: ranks train in groups of their own, or a group shrinks while one is replaced
+    writes_through_checkpoint_fs: bool = False  # every checkpoint file goes through DCP's file-system layer (ckpt_fs)
+    shards_state: bool = False  # saves and loads a sharded model's state (each rank its shards)
+    sharded_refusal: str = "it keeps whole-model copies"  # why not, in one clause, where ``shards_state`` is False
+    reshards_on_load: bool = False  # every load is DCP's read of the checkpoint files: it fits any world size
+    runs_in_supervisor: bool = False  # runs part of itself in the local supervisor across rank restarts
+    min_replica_groups: int | None = None  # the fewest replica groups a step commits with (replicas across groups)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelCaps(Caps):
+    shards_state: bool = False  # each rank holds only a shard of the training state
+    replicas: int | None = None  # how many ranks hold each shard (None: not sharded, every rank holds all of it)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InjectorCaps(Caps):
+    acts_on_checkpoint_fs: bool = False  # the fault reaches a rank only through DCP's file-system layer (ckpt_fs)
+    reaches_into_ddp: bool = False  # it hooks DDP's reduction or reaches into DDP's module
+    needs_checkpoint: str | None = None  # the setting with which it acts on a checkpoint (None: it does not)
+    returns_after_s: float | None = None  # the lost node is back this long after the loss (None: never)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorCaps(Caps):
+    compares_ranks: bool = False  # collectives across the world's ranks (every rank in the rank's group)
+    needs_grad_norm: bool = False  # the rank computes the reduced gradients' norm for it
+    runs_in_supervisor: bool = False  # runs part of itself in the supervisor process for the whole run
+    served_by: str | None = None  # the launcher that runs that part itself (``supervisor.launcher``)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyCaps(Caps):
+    restarts_in_process: bool = False  # trains again in the same processes after a failure
+    rolls_back: bool = False  # after silent corruption, reloads a checkpoint taken before it
+    resizes_world: bool = False  # restarts fewer ranks after a node is lost (the survivors)
+    grows_back: bool = False  # and the full world again once the node has returned
+    min_world_size: int = 1  # below this many survivors the world stays
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadCaps(Caps):
+    sparse_gradients: bool = False  # some parameters have sparse gradients (embedding tables with sparse=True)
