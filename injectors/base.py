@@ -18,13 +18,13 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
-from resilience.caps import InjectorCaps
-from resilience.checks import require_int
-from resilience.named import Named
-from resilience.plan import fault_plan
+from resilience.caps import InjectorCaps, Named
+from resilience.settings.checks import require_int
+from injectors.plan import fault_plan
 from resilience.record.events import read_events
-from resilience.runtime import CheckpointFileSystem, RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import CheckpointFileSystem, RankRuntime
+from resilience.state.train import TrainState
+from resilience.workloads.base import Workload
 
 PHASES = ("before_forward", "before_optimizer_step", "during_checkpoint")
 
@@ -36,7 +36,7 @@ class Injector(Named, ABC):
     (drawn from ``seed``), up to ``count`` times in all: faults at a known rate.
     """
 
-    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.reduce itself)
+    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.parallel.reduce itself)
     caps = InjectorCaps(when={"phase=during_checkpoint": {"needs_checkpoint": "fault.phase=during_checkpoint"}})
 
     def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward",
@@ -67,6 +67,10 @@ class Injector(Named, ABC):
         elif self.at_step >= steps:
             raise ValueError(f"fault.at_step={self.at_step}: must be in [0, {steps - 1}] for steps={steps}")
         self.plan = self._make_plan(steps, ckpt_every)
+
+    def check_workload(self, workload: Workload) -> None:
+        """Before launch: raise ``ValueError`` naming the setting if this fault cannot act on ``workload``'s model
+        (what the rank would otherwise find only when the fault fires)."""
 
     def _make_plan(self, steps: int, ckpt_every: int | None) -> list[int]:
         """The steps at which this fault fires; a pure function of the settings and the seed."""

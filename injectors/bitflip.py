@@ -25,12 +25,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from injectors.base import Injector
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 from injectors.bits import BIT_CLASSES, choose_bits, flip_bits, pick_element
-from resilience.reduce import reduce_hook_for
-from resilience.state import TrainState
+from resilience.parallel.reduce import reduce_hook_for
+from resilience.state.train import TrainState
 from resilience.ckpt.commit import CheckpointDir
-from resilience.workloads.base import stream_seed
+from resilience.workloads.base import Workload, stream_seed
 
 TARGETS = ("weights", "optimizer", "grads_post", "grads_pre", "activations", "checkpoint")
 # The phase each in-step target acts at; grads_pre and activations act inside backward / forward.
@@ -68,12 +68,19 @@ class BitFlip(Injector):
             raise ValueError(f"fault.at_step={self.at_step}: fault.target=checkpoint needs a committed checkpoint "
                              f"before it (at_step > checkpoint.every={ckpt_every})")
 
+    def check_workload(self, workload: Workload) -> None:
+        """``fault.bit`` and ``fault.bits`` fit the model's floating-point tensors (built on the meta device)."""
+        with torch.device("meta"):
+            dtypes = {p.dtype for p in workload.build_model().parameters() if p.is_floating_point()}
+        for dtype in sorted(dtypes, key=str):
+            choose_bits(dtype, self.bit, self.nbits, random.Random(0))
+
     def _rng(self, index: int) -> random.Random:
         return random.Random(stream_seed(self.seed, self.name, self.target, index))
 
     def hook_reduction(self, ddp: DistributedDataParallel) -> None:
         # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
-        # reduction (resilience.reduce) takes over. The closure is unannotated: DDP inspects annotations.
+        # reduction (resilience.parallel.reduce) takes over. The closure is unannotated: DDP inspects annotations.
         self._reduce = reduce_hook_for(self.rt.world_size)
 
         def hook(process_group, bucket):

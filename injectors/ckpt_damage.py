@@ -20,7 +20,7 @@ from typing import Any
 
 from injectors.base import Injector
 from injectors.kill import die
-from resilience.checks import require_choice
+from resilience.settings.checks import require_choice
 from resilience.ckpt.commit import COMMIT_MARKER, METADATA_FILES, CheckpointDir, CheckpointEntry
 
 HOW = ("flip", "truncate", "delete_data", "delete_metadata", "garble_commit")

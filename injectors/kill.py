@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from injectors.base import Injector
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSEGV", "SIGABRT", "exit", "exception")
 STEP_PHASES = ("before_forward", "before_optimizer_step")  # where an error raised is the training loop's own

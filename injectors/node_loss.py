@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from injectors.kill import Kill
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 
 
 class NodeLoss(Kill):

@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from injectors.base import Injector
 from injectors.kill import die
-from resilience.checks import require_choice, require_int, require_number
-from resilience.state import TrainState
+from resilience.settings.checks import require_choice, require_int, require_number
+from resilience.state.train import TrainState
 
 MODES = ("throttle", "enospc", "eio", "torn_write")
 

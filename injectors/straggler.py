@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from injectors.base import Injector
-from resilience.checks import require_number
+from resilience.settings.checks import require_number
 
 
 class Straggler(Injector):

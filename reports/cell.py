@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from resilience import child
+from resilience.proc import child
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json
 from resilience.trace import write_trace

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resilience import child
+from resilience.proc import child
 from resilience.record.environment import capture as environment  # torch.utils.collect_env and the benchmark's needs
 from resilience.record.fsio import atomic_write_json
 

@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_blocks,
                                  parse_excludes, parse_overrides, parse_reference)
 from resilience.config import GROUPS, ConfigError, resolve
-from resilience.schema import explain
+from resilience.settings.schema import explain
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MATRIX_DIR = CONF_DIR / "matrix"

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from reports import registry  # noqa: E402
 from reports.html import figure, table  # noqa: E402
-from resilience import child  # noqa: E402
+from resilience.proc import child  # noqa: E402
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json  # noqa: E402
 from resilience.projection.outputs import write_png  # noqa: E402
 

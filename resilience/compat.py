@@ -20,14 +20,13 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from resilience.caps import Caps, DetectorCaps, InjectorCaps, ParallelCaps, PolicyCaps, StrategyCaps, WorkloadCaps
-from resilience.named import base_option
-from resilience.schema import Launcher
+from resilience.caps import base_option, Caps, DetectorCaps, InjectorCaps, ParallelCaps, PolicyCaps, StrategyCaps, WorkloadCaps
+from resilience.settings.schema import Launcher
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("workload", "parallel", "strategy", "fault", "recovery", "detector")  # the role groups of conf/
 # The run's settings that rules read, and the values the table is rendered and tested over.
-RUN = {"world_size": (2, 3, 4), "supervisor.launcher": tuple(launcher.value for launcher in Launcher),
+RUN = {"world_size": (1, 2, 3, 4), "supervisor.launcher": tuple(launcher.value for launcher in Launcher),
        "supervisor.spares": (0, 1)}
 
 
@@ -231,6 +230,11 @@ RULES: list[Rule] = [
          lambda c: f"{c.set('parallel')}: {c.set('strategy')} takes a lost rank's state from a replica, and "
                    f"{c.names['parallel']} holds each shard once; use {c.instead('parallel')}, or a strategy that "
                    f"checkpoints"),
+    Rule("a_twin_to_heal_from", ("world_size", "parallel", "strategy"),
+         "One rank alone, with a strategy that takes a lost rank's state from a twin replica.",
+         lambda c: c.strategy.recovers_in_place and not c.parallel.shards_state and c.world_size < 2,
+         lambda c: f"world_size={c.world_size}: {c.set('strategy')} takes a lost rank's state from a twin replica, "
+                   f"and one rank has none; use world_size >= 2, or {c.instead('strategy', saving)}"),
     Rule("into_ddp", ("parallel", "fault"),
          "Sharded state, with a fault that reaches into DDP's module and reduction.",
          lambda c: c.parallel.shards_state and c.fault.reaches_into_ddp,

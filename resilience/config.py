@@ -17,8 +17,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from resilience.checks import require_int
-from resilience.schema import check_ranges, explain
+from resilience.settings.checks import require_int
+from resilience.settings.schema import check_ranges, explain
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("workload", "strategy", "fault", "recovery", "detector", "parallel")
@@ -46,6 +46,7 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
         return  # a malformed override: Hydra reports it in its own words
     conf_dirs = [conf_dir, *search_path(overrides)]
     for ov in overrides:
+        _check_added(ov)
         group = ov.key_or_group
         if group not in GROUPS or ov.is_delete() or ov.package:
             continue
@@ -58,6 +59,24 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
         for name in chosen:
             if str(name) not in allowed:
                 raise ConfigError(f"{group}={name}: unknown {group}; allowed: {', '.join(allowed)}")
+        twice = sorted({str(n) for n in chosen if chosen.count(n) > 1}) if not ov.is_sweep_override() else []
+        if twice:  # it would run twice and be counted twice
+            raise ConfigError(f"{group}=[{','.join(map(str, chosen))}]: {', '.join(twice)} listed more than once; "
+                              f"each {group} at most once")
+
+
+# A key added with ``+`` reaches a role's constructor (which refuses what it does not take) or Hydra's own settings;
+# anywhere else nothing reads it, and a run that silently ignores a setting is a wrong result.
+ADDABLE = (*GROUPS, "detectors", "hydra")
+
+
+def _check_added(ov: Any) -> None:
+    key = ov.key_or_group
+    if ov.is_add() and key.split(".", 1)[0] not in ADDABLE:
+        raise ConfigError(f"+{key}={ov.value()}: unknown setting, which nothing would read (a key added with + is "
+                          f"taken only by a role's options: {', '.join(f'+{g}.KEY' for g in GROUPS if g != 'detector')}, "
+                          f"+detectors.NAME.KEY); see "
+                          f"resilience-bench --help")
 
 
 def _integer(cfg: DictConfig, key: str, minimum: int) -> int:
@@ -103,13 +122,13 @@ def resolve(cfg: DictConfig, run_dir: Path, choices: dict[str, Any]) -> DictConf
         return _resolve(cfg, run_dir, choices)
     except ConfigError:
         raise
-    except ValueError as exc:  # a check of one setting (resilience.checks) or a role's constructor
+    except ValueError as exc:  # a check of one setting (resilience.settings.checks) or a role's constructor
         raise ConfigError(str(exc)) from None
 
 
 def _resolved(cfg: DictConfig) -> DictConfig:
     """Every interpolation resolved; one that cannot be is one line naming the key and its value as written."""
-    try:  # the schema's enums (resilience.schema) as the strings they were written as
+    try:  # the schema's enums (resilience.settings.schema) as the strings they were written as
         return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     except OmegaConfBaseException as exc:
         if line := explain(exc):  # an interpolation whose value has the wrong type for its setting

@@ -57,6 +57,7 @@ def build_roles(cfg: DictConfig) -> Roles:
     strategy = roles.strategy
     check(combination(cfg, roles))  # the table of which roles go together (resilience.compat)
     roles.injector.validate(int(cfg.world_size), int(cfg.steps), strategy.every if strategy.caps.saves else None)
+    roles.injector.check_workload(roles.workload)
     return roles
 
 

@@ -21,7 +21,6 @@ come from several hosts uses their wall clocks instead, whose monotonic clocks d
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from resilience import child
-from resilience.child import processes_mentioning
+from resilience.proc import child
+from resilience.proc.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.environment import ENV_VAR
 from resilience.record.reference import INDEX_VAR as REFERENCE_INDEX_VAR
@@ -47,9 +47,26 @@ def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict
         time.sleep(0.1)
     assert processes_mentioning(str(run_dir)) == [], "rank processes outlived the run"
     assert list(SHM_DIR.glob(f"*{run_id(run_dir)}*")) == [], "shared memory outlived the run"
-    left = sorted(set(os.listdir(SHM_DIR)) - shm_before)
+    left = unused(set(os.listdir(SHM_DIR)) - shm_before)
     assert left == [], f"/dev/shm entries outlived the run: {left}"
     return json.loads((run_dir / "result.json").read_text())
+
+
+def unused(names: set[str]) -> list[str]:
+    """The /dev/shm entries among ``names`` that no live process maps or holds open: what a run left behind (an
+    entry of another process on the host that is still in use is not the run's leftover)."""
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            used |= {line.rsplit("/dev/shm/", 1)[1].removesuffix(" (deleted)")
+                     for line in (proc / "maps").read_text().splitlines() if "/dev/shm/" in line}
+            used |= {Path(os.readlink(fd)).name for fd in (proc / "fd").iterdir()
+                     if os.readlink(fd).startswith("/dev/shm/")}
+        except OSError:  # the process ended while we looked
+            continue
+    return sorted(n for n in names if n not in used and (SHM_DIR / n).exists())
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -43,7 +43,7 @@ def reduce_scatter_rank(rank: int, world: int, store: str, tmp: str) -> None:
 def _sharded_state(world: int, tmp: str, steps: int):
     """A small GPT sharded by FSDP over ``world`` ranks, trained ``steps`` steps (Adam has state)."""
     from resilience.parallel.fsdp import FullyShardedParallel
-    from resilience.state import TrainState
+    from resilience.state.train import TrainState
     from resilience.workloads.gpt import GPTWorkload
 
     wl = GPTWorkload(0, d_model=32, n_layer=2, n_head=2, seq_len=16)
@@ -71,7 +71,7 @@ def save_rank(rank: int, world: int, store: str, tmp: str) -> None:
 def load_rank(rank: int, world: int, store: str, tmp: str) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from resilience.state import state_sha256
+    from resilience.state.train import state_sha256
 
     _join(rank, world, store)
     state = _sharded_state(world, tmp, steps=1)  # other values than saved: the load must overwrite them all
@@ -104,7 +104,7 @@ def check_snapshots(state, tmp: str) -> None:
 
     from resilience.ckpt.codec import StateCodec, restore, snapshot_state, tensor_leaves
     from resilience.ckpt.snapshot import HostSnapshot
-    from resilience.state import state_sha256
+    from resilience.state.train import state_sha256
 
     rank, world = dist.get_rank(), dist.get_world_size()
     sd = state.state_dict()
@@ -138,7 +138,7 @@ def _load_planned_files_only(state, tmp: str) -> None:
     from types import SimpleNamespace
 
     from resilience.ckpt.verified import MemoryFiles
-    from resilience.state import state_sha256
+    from resilience.state.train import state_sha256
     from resilience.strategies.sync import SyncCheckpoint
 
     root = Path(tmp) / "planned"

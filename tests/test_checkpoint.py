@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from conftest import ROOT, run_cli
 from resilience.ckpt.commit import COMMIT_MARKER, CheckpointDir
 from resilience.ckpt.lock import DirectoryInUse, DirectoryLock
-from resilience.identity import RunIdentity
+from resilience.ckpt.identity import RunIdentity
 from resilience.record.events import EventLog, read_events
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState, state_sha256
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState, state_sha256
 from resilience.strategies.sync import SyncCheckpoint
 from test_inmemory import attached, one_rank, trained_state  # noqa: F401 - a fixture: one gloo rank, no peers
 

@@ -11,11 +11,11 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, run_cli, run_module
 from resilience.__main__ import precheck
-from resilience.command_line import CommandLineError
+from resilience.settings.command_line import CommandLineError
 from resilience.config import ConfigError, check_group_choices, resolve
 from resilience.projection.cli import precheck as projection_precheck
 from resilience.projection.validation import ConfigError as ProjectionConfigError
-from resilience.schema import SCHEMA_NAME, Experiment
+from resilience.settings.schema import SCHEMA_NAME, Experiment
 
 CONTRACT_KEYS = ("seed", "steps", "world_size", "device", "backend", "checkpoint.every", "checkpoint.keep",
                  "checkpoint.dir", "timeouts.collective_s", "timeouts.heartbeat_s", "fault.rank", "fault.at_step",
@@ -125,7 +125,7 @@ BAD = [
     (("strategy=dlrover_flash", "strategy.saver=node"), "strategy.saver=node", "agent, rank"),
     (("strategy=dlrover_flash", "supervisor.launcher=external"), "supervisor.launcher=external",
      "supervisor.launcher=local"),
-    # Types and choices from the structured config (resilience/schema.py), while Hydra composes; bounds after.
+    # Types and choices from the structured config (resilience/settings/schema.py), while Hydra composes; bounds after.
     (("steps=abc",), "steps=abc", "must be an integer >= 1"),
     (("steps=2.5",), "steps=2.5", "must be an integer >= 1"),
     (("seed=-1",), "seed=-1", "must be an integer >= 0"),
@@ -136,6 +136,13 @@ BAD = [
     (("checkpoint.keep=0",), "checkpoint.keep=0", "must be an integer >= 1"),
     (("steps=${seed}", "seed=abc"), "seed=abc", "must be an integer >= 0"),
     (("-m", "steps=10,abc"), "steps=abc", "must be an integer >= 1"),
+    (("reference.check=maybe",), "reference.check=maybe", "must be one of auto, run, none"),
+    # Found by trying the command as a new user would (issue "job resume", item 7): each trained, or failed late.
+    (("+foo=1",), "+foo=1", "unknown setting"),
+    (("+checkpoint.foo=1",), "+checkpoint.foo=1", "unknown setting"),
+    (("world_size=1", "strategy=replica"), "world_size=1", "twin replica"),
+    (("fault=bitflip", "fault.bit=99"), "fault.bit=99", "[0, 31]"),
+    (("detector=[heartbeat,heartbeat]",), "detector=[heartbeat,heartbeat]", "more than once"),
 ]
 
 
@@ -201,7 +208,7 @@ def test_projection_bad_input_is_one_clear_line(tmp_path, overrides, setting, al
 def test_explaining_an_error_whose_contexts_loop_ends():
     """An error raised while handling another that holds it makes a loop of contexts (the matrix check met one and
     spun until its cell timed out)."""
-    from resilience.schema import explain
+    from resilience.settings.schema import explain
 
     a, b = ValueError("a"), ValueError("b")
     a.__context__, b.__context__ = b, a

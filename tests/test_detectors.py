@@ -16,13 +16,14 @@ from resilience.detectors.replica_fingerprint import bit_sum, odd_ranks
 from resilience.detectors.gpu_health import GpuHealth
 from resilience.detectors.heartbeat import Heartbeat
 from resilience.detectors.nonfinite import Nonfinite
-from resilience.detectors.process_exit import RECOVERY_EXIT, ProcessExit
+from resilience.detectors.process_exit import ProcessExit
+from resilience.runtime.rank import RECOVERY_EXIT
 from resilience.detectors.grad_norm import GradNorm
 from resilience.detectors.loss_spike import LossSpike
 from resilience.detectors.straggler import StragglerDetector as Straggler
 from resilience.record.events import EventLog, read_events
 from resilience.record.board import CKPT_IO, FORWARD_DONE, STEP_DONE, STEP_START
-from resilience.runtime import RankRuntime
+from resilience.runtime.rank import RankRuntime
 from resilience.ckpt.commit import CheckpointDir
 from resilience.strategies.sync import SyncCheckpoint
 
@@ -175,7 +176,7 @@ def _replicas(tmp_path, steps: int = 3):
     """Two replicas of a small sparse model (an embedding table with sparse gradients, a dense layer, Adagrad)
     trained alike, each with a fingerprint detector attached; the second detector saw the last step's touched rows."""
     from resilience.detectors.replica_fingerprint import ReplicaFingerprint
-    from resilience.state import TrainState
+    from resilience.state.train import TrainState
 
     out = []
     for r in range(2):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, processes_mentioning
 
-from resilience import child, compat
+from resilience import compat
+from resilience.proc import child
 from resilience.__main__ import precheck
 from resilience.config import ConfigError, check_group_choices
 

@@ -22,8 +22,8 @@ from injectors.kill import Kill
 from injectors.node_loss import NodeLoss
 from injectors.slow_disk import FaultyStream, SlowDisk
 from resilience.record.events import EventLog, read_events
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 
 class Recorded(Kill):

@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from conftest import run_experiment
 from resilience.record.events import EventLog, read_events
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState, state_sha256
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState, state_sha256
 from resilience.ckpt import node_memory, shm_store
 from resilience.strategies.inmemory import InMemoryCheckpoint
 from resilience.ckpt.node_memory import NodeMemory

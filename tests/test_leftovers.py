@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from resilience.orphans import remove_torch_segments
+from resilience.proc.orphans import remove_torch_segments
 
 
 def test_only_torch_segments_of_the_runs_processes_are_removed(tmp_path):

@@ -131,7 +131,7 @@ def test_dlrover_node_loss_takes_the_memory_copy_with_it(tmp_path, reference):
 
 
 def test_a_library_that_is_not_installed_is_refused_in_one_line(monkeypatch):
-    from resilience.strategies.peer import PeerLibrary
+    from resilience.libs.peer import PeerLibrary
     from resilience.strategies.torchsnapshot_ckpt import TorchSnapshotCheckpoint
 
     monkeypatch.setattr(TorchSnapshotCheckpoint, "library", PeerLibrary("no_such_module_rb", "no-such", "nosuch"))

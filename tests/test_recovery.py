@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import ROOT, processes_mentioning, run_cli, run_experiment
-from resilience import child
+from resilience.proc import child
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.events import read_events
 

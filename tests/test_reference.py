@@ -10,7 +10,7 @@ from omegaconf import open_dict
 from conftest import ROOT
 from resilience.config import resolve
 from resilience.record.reference import judge, reference_overrides, said, training_key
-from resilience.schema import SCHEMA_NAME  # noqa: F401 - registers the settings' schema that config.yaml names
+from resilience.settings.schema import SCHEMA_NAME  # noqa: F401 - registers the settings' schema that config.yaml names
 
 
 def config(tmp_path: Path, *overrides: str):

@@ -12,15 +12,14 @@ import json
 import os
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from conftest import ROOT, run_experiment
 from resilience.ckpt.commit import CheckpointDir
 from resilience.record.events import read_events
-from resilience.schema import SCHEMA_NAME  # noqa: F401 - registers the settings' schema that config.yaml names
-from resilience.state import RestorePoint, TrainState, state_sha256
+from resilience.settings.schema import SCHEMA_NAME  # noqa: F401 - registers the settings' schema that config.yaml names
+from resilience.state.train import RestorePoint, TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy
 from test_inmemory import attached, one_rank, trained_state  # noqa: F401 - a fixture: one gloo rank, no peers
 

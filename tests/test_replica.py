@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, refusal, run_cli, run_experiment
 from resilience.record.events import read_events
-from resilience.state import TrainState, state_sha256
+from resilience.state.train import TrainState, state_sha256
 from resilience.ckpt.transfer import replica_state
-from resilience.strategies import replica_transfer
+from resilience.ckpt import replica_transfer
 
 COMMON = ("strategy=replica", "steps=30", "world_size=2", "seed=0")
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from resilience.record.events import read_events
-from resilience.strategies.torchft_lighthouse import LOG_FILE
+from resilience.libs.torchft_lighthouse import LOG_FILE
 from tests.conftest import run_experiment
 
 try:

@@ -12,7 +12,7 @@ from conftest import SHARDED, refusal, run_experiment
 from resilience.__main__ import precheck
 from resilience.config import check_group_choices
 from resilience.record.events import read_events
-from resilience.strategies.peer import PeerLibrary
+from resilience.libs.peer import PeerLibrary
 
 DLROVER = pytest.mark.skipif(not PeerLibrary("dlrover.trainer.torch.flash_checkpoint.ddp", "dlrover",
                                              "dlrover").installed(),
@@ -32,7 +32,7 @@ def test_dlrover_with_sharded_state_passes_the_checks(tmp_path, overrides):
 def test_a_persist_is_complete_once_the_savers_commit_removed_its_stage_directory(tmp_path):
     """Shard 0's thread names the step in the tracker before the other shards are written; DLRover's commit names
     it again once every shard reported done, then removes ``<step>.done``."""
-    from resilience.strategies.dlrover_sharded import STAGE_DIR, ShardedFlash
+    from resilience.libs.dlrover_sharded import STAGE_DIR, ShardedFlash
 
     flash = ShardedFlash.__new__(ShardedFlash)  # no engine: only the reading of the saver's files
     flash.ckpt_dir = tmp_path
@@ -49,7 +49,7 @@ def test_a_shard_file_that_the_metadata_points_past_fails_the_persist(tmp_path):
     from dlrover.trainer.torch.flash_checkpoint.fsdp_engine import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 
-    from resilience.strategies.dlrover_sharded import ShardedFlash
+    from resilience.libs.dlrover_sharded import ShardedFlash
 
     storage = {MetadataIndex("model.w", torch.Size([0])): _StorageInfo("__0_0.distcp", 0, 64),
                MetadataIndex("model.w", torch.Size([4])): _StorageInfo("__1_0.distcp", 16, 64)}
@@ -68,7 +68,7 @@ def test_a_shard_file_that_the_metadata_points_past_fails_the_persist(tmp_path):
 def test_the_engine_gets_our_state_as_shipped_or_flat_with_the_unsharded_values_on_rank_0(monkeypatch):
     """Patch ``unsharded_on_rank0``: ranks other than 0 hand the engine no value that is not a sharded tensor;
     every rank asks for all of them at load, and the loaded values go back where they were."""
-    import resilience.strategies.dlrover_layout as layout
+    import resilience.libs.dlrover_layout as layout
 
     sd = {"model": {"w": torch.ones(2)}, "optim": {"param_groups": [{"lr": 0.1}]}, "step": 8}
     assert layout.engine_view(sd, set(), saving=True) is sd  # as shipped

@@ -17,9 +17,10 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, run_cli, run_experiment
 from resilience.record.events import EventLog, read_events
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState, state_sha256
-from resilience.strategies.async_ckpt import AsyncCheckpoint, PersistError
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState, state_sha256
+from resilience.strategies.async_ckpt import AsyncCheckpoint
+from resilience.strategies.background import PersistError
 from resilience.ckpt.commit import CheckpointDir
 from resilience.strategies.dcp_async import DcpAsyncCheckpoint
 from resilience.ckpt.snapshot import HostSnapshot, assign_shares, flat_tensors

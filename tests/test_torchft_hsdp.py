@@ -1,4 +1,4 @@
-"""torchft's HSDP recipe as ``replica_torchft`` under ``parallel=hsdp`` (``resilience.strategies.torchft_hsdp``):
+"""torchft's HSDP recipe as ``replica_torchft`` under ``parallel=hsdp`` (``resilience.libs.torchft_hsdp``):
 each replica of the shards is a torchft replica group, FSDP2 within it, torchft's all-reduce across the groups.
 After a kill the dead rank's whole group is started again and heals shard by shard from the other group; with
 ``min_replicas`` = every group the run ends bit-exact with the fault-free one."""
@@ -13,7 +13,7 @@ from conftest import SHARDED, refusal, run_experiment
 from resilience.parallel.ddp import DataParallel
 from resilience.parallel.hsdp import HybridShardedParallel
 from resilience.record.events import read_events
-from resilience.strategies.torchft_hsdp import ReplicaGroups
+from resilience.libs.torchft_hsdp import ReplicaGroups
 
 try:
     import torchft  # noqa: F401

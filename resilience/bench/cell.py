@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from resilience import child
+from resilience.proc import child
 from resilience.record.events import read_events
 from resilience.record.host_load import HostLoadSampler
 from resilience.record.query import stalls, step_times

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from resilience import child, compat
+from resilience import compat
+from resilience.proc import child
 from resilience.bench.probe import load_limits
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: resilience/bench/compare.py

@@ -28,8 +28,8 @@ from omegaconf import OmegaConf
 
 from resilience.bench.experiment import run_experiment
 from resilience.record.events import EventLog, read_events
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -1,7 +1,7 @@
 """Run one experiment as a user would (``python -m resilience ...`` in a child process) and read its result.
 
 Used by the demo, the coverage table and the benchmarks, which all compare whole runs side by side. The child runs
-in its own session and its whole process group ends with it (``resilience.child``): no rank outlives a timeout.
+in its own session and its whole process group ends with it (``resilience.proc.child``): no rank outlives a timeout.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from resilience import child
+from resilience.proc import child
 
 
 def run_experiment(run_dir: Path, overrides: list[str], echo: bool = False, timeout_s: float = 900) -> dict:

@@ -18,7 +18,7 @@ from injectors.hang import Hang
 from injectors.kill import Kill
 from injectors.slow_disk import SlowDisk
 from resilience.record.events import EventLog
-from resilience.runtime import RankRuntime
+from resilience.runtime.rank import RankRuntime
 
 CONF = Path(__file__).resolve().parents[2] / "conf"  # the repository's conf/
 

@@ -17,7 +17,7 @@ resilience.bench.probe``), else only its rank measurement runs (a few seconds; t
 ``--transfer`` measures the heal's transfer alone, in two processes on this host: a rank that has trained one
 step sends its state to a fresh one (``reconcile``, as a replacement heals), once with the plain transfer
 (``resilience.ckpt.transfer``: tensor after tensor) and once with the pipelined one that ``replica`` uses
-(``resilience.strategies.replica_transfer``), and, in the same processes just before, the same number of bytes as
+(``resilience.ckpt.replica_transfer``), and, in the same processes just before, the same number of bytes as
 one flat, already-mapped buffer (the probe's way: the bandwidth floor); printed side by side with their ratios. It says whether a heal is limited by the transfer or by what surrounds it.
 
 Duration on the project's 2-core VM under another engineer's load (load average ~5), measured: ~70 s per gpt_small
@@ -44,8 +44,8 @@ from resilience.bench import probe
 from resilience.bench.experiment import run_experiment
 from resilience.bench.hang_peers import table
 from resilience.ckpt import transfer as plain
-from resilience.strategies import replica_transfer as pipelined
-from resilience.state import TrainState
+from resilience.ckpt import replica_transfer as pipelined
+from resilience.state.train import TrainState
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -54,8 +54,8 @@ def _rank(rank: int, port: int, out: str, workload: str, rounds: int, size_mb: i
 
     from resilience.bench.probe import write_sample
     from resilience.record.events import EventLog
-    from resilience.runtime import RankRuntime
-    from resilience.state import TrainState
+    from resilience.runtime.rank import RankRuntime
+    from resilience.state.train import TrainState
     from resilience.strategies import sync
 
     torch.set_num_threads(1)

@@ -22,17 +22,21 @@ from pathlib import Path
 
 from injectors.base import PHASES
 from injectors.ckpt_damage import HOW
-from resilience import child
-from resilience.child import processes_mentioning
+from resilience import compat
+from resilience.proc import child
+from resilience.proc.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.events import read_events
 
-STRATEGIES = ("sync", "async", "dcp_async", "inmemory")
-# The libraries (docs/peers.md), by name with --strategies: each loads through our commit record, so the damage
-# trials apply to them too.
-PEERS = ("dcp_async_staged", "dcp_async_process", "torchsnapshot", "nvrx_async", "nvrx_async_dcp", "dlrover_flash")
-WITHOUT_METADATA = ("nvrx_async", "dlrover_flash")  # one torch.save file per rank: no index to delete
-DISK_LOADS = ("sync", "async", "dcp_async", *PEERS)  # inmemory loads from memory; its snapshots carry own checks
+WITHOUT_METADATA = ("nvrx_async", "dlrover_flash")  # (and their variants) one torch.save file per rank: no index
+FROM_MEMORY = ("inmemory",)  # loads its own snapshots from memory, each with its own checks: no disk damage trial
+
+
+def strategies() -> tuple[str, ...]:
+    """Every option of conf/strategy that writes checkpoints, ours and the libraries', as the suite runs them: a
+    library as shipped (``patches`` other than ``all``) is a finding of its own (docs/peers.md), not a trial here."""
+    return tuple(name for name, o in compat.options("strategy").items()
+                 if o.caps.saves and o.settings.get("patches", "all") == "all")
 STEPS, EVERY = 16, 4
 TIMEOUT_S = 300
 
@@ -112,15 +116,16 @@ def trial(tally: Tally, run_dir: Path, overrides: list[str], reference: str) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.torture", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=20, help="kill trials per strategy (default 20)")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--strategies", default=",".join(strategies()),
+                    help="comma-separated strategy options (default: every option that writes checkpoints)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/torture"))
     args = ap.parse_args(argv)
-    strategies = args.strategies.split(",")
-    unknown = sorted(set(strategies) - set(STRATEGIES) - set(PEERS))
+    chosen = args.strategies.split(",")
+    unknown = sorted(set(chosen) - set(compat.options("strategy")))
     if unknown or args.trials < 1:
         print(f"error: --strategies={args.strategies} / --trials={args.trials}: strategies from "
-              f"{', '.join(STRATEGIES + PEERS)}, trials >= 1", file=sys.stderr)
+              f"{', '.join(compat.options('strategy'))}, trials >= 1", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     references = {}
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         references[world] = ref["final_state_sha256"]
     tallies = {}
     t0 = time.monotonic()
-    for strategy in strategies:
+    for strategy in chosen:
         tally = tallies[strategy] = Tally()
         for i in range(args.trials):
             world = 2 + i % 2
@@ -141,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{' '.join(point)}", flush=True)
             trial(tally, args.out / f"{strategy}_kill{i}", [f"strategy={strategy}", *point, *common(world)],
                   references[world])
-        for how in HOW if strategy in DISK_LOADS else ():
-            if how == "delete_metadata" and strategy in WITHOUT_METADATA:
+        for how in HOW if strategy not in FROM_MEMORY else ():
+            if how == "delete_metadata" and compat.options("strategy")[strategy].name in WITHOUT_METADATA:
                 continue
             world = rng.choice((2, 3))
             point = damage_point(rng, world, how)

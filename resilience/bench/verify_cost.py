@@ -35,7 +35,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from resilience.ckpt.commit import CheckpointDir
 from resilience.ckpt.verified import MemoryFiles, read_verified
-from resilience.state import TrainState
+from resilience.state.train import TrainState
 from resilience.strategies.sync import HookedWriter
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

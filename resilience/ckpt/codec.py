@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from resilience.state import TrainState, map_tensors
+from resilience.state.train import TrainState, map_tensors
 from resilience.ckpt.shm_store import ALIGN
 from resilience.ckpt.snapshot import is_sharded, local_part
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from resilience.state import TrainState
+from resilience.state.train import TrainState
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,9 @@ from abc import ABC
 from dataclasses import dataclass, field
 from typing import Any
 
-from resilience.caps import DetectorCaps
-from resilience.named import Named
-from resilience.runtime import AgentService, RankRuntime, RejectionReport
-from resilience.state import TrainState
+from resilience.caps import DetectorCaps, Named
+from resilience.runtime.rank import AgentService, RankRuntime, RejectionReport
+from resilience.state.train import TrainState
 
 
 @dataclass(frozen=True)

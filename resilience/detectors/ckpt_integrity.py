@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from resilience.detectors.base import Detector
-from resilience.runtime import RankRuntime, RejectionReport
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime, RejectionReport
+from resilience.state.train import TrainState
 
 
 class CkptIntegrity(Detector):

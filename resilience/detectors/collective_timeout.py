@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 _TIMEOUT = re.compile(r"time[d ]?\s*out|timeout|deadline", re.IGNORECASE)
 _COLLECTIVE = re.compile(r"(allreduce|all_reduce|allgather|all_gather|broadcast|barrier|reduce_scatter|recv|send)",

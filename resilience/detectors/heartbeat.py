@@ -8,7 +8,7 @@ named and aborted. Checkpoint I/O has its own, longer deadline (``timeouts.ckpt_
 
 from __future__ import annotations
 
-from resilience.checks import require_number
+from resilience.settings.checks import require_number
 from resilience.detectors.base import Detection, Detector
 from resilience.record.board import CKPT_IO, FINISHED
 

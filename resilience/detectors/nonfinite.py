@@ -6,8 +6,8 @@ import math
 
 from resilience.caps import DetectorCaps
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 
 class Nonfinite(Detector):

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from resilience.caps import DetectorCaps
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 VERDICTS = "nvrx_verdicts"  # in the run directory: one JSON file per kill the rank monitors decided
 START_TIMEOUT_S = 120.0

@@ -5,13 +5,7 @@ from __future__ import annotations
 import signal
 
 from resilience.detectors.base import Detection, Detector
-
-# A rank exits with this code when a detector inside it asked for a restart (a rollback, say): a requested
-# exit, not a fault (sysexits' EX_TEMPFAIL).
-RECOVERY_EXIT = 75
-# A rank exits with this code when the state it must start from exists nowhere (``replica`` with every replica lost
-# at once): no restart can mend that, so the supervisor ends the run instead of spending its budget.
-NOTHING_TO_RECOVER_EXIT = 76
+from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
 
 
 def describe_exit(exitcode: int) -> str:

@@ -33,10 +33,10 @@ import torch
 import torch.distributed as dist
 
 from resilience.caps import DetectorCaps
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
              torch.bfloat16: torch.int16}

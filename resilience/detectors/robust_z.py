@@ -11,10 +11,10 @@ import math
 import statistics
 from collections import deque
 
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 
 class RobustZ(Detector):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
 
 

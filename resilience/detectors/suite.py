@@ -10,8 +10,8 @@ import torch
 from resilience.detectors.base import Detection, Detector
 from resilience.record.events import EventLog
 from resilience.recovery.base import RecoveryPolicy
-from resilience.runtime import RankRuntime, RejectionReport
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime, RejectionReport
+from resilience.state.train import TrainState
 
 
 class RecoveryRequested(Exception):

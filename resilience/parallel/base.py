@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from resilience.caps import ParallelCaps
-from resilience.named import Named
-from resilience.runtime import ModelWrap
+from resilience.caps import Named, ParallelCaps
+from resilience.runtime.rank import ModelWrap
 
 if TYPE_CHECKING:
     from injectors.base import Injector

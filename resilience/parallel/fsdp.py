@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from resilience.caps import ParallelCaps
-from resilience.checks import require_bool, require_choice
+from resilience.settings.checks import require_bool, require_choice
 from resilience.parallel.base import Parallelism
 from resilience.parallel.ordered import ORDERED_REDUCE, OrderedReduceScatter
 

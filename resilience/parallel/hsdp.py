@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 from resilience.parallel.fsdp import FullyShardedParallel
 
 

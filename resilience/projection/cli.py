@@ -18,7 +18,7 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from resilience.command_line import CommandLineError, compose_checked
+from resilience.settings.command_line import CommandLineError, compose_checked
 from resilience.projection import plots, sweeps
 from resilience.projection.calibration import FailureBand, read_figures, select
 from resilience.projection.measured import fit_strategies, read_measured

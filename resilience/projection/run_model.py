@@ -36,8 +36,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from resilience import child
-from resilience.plan import fault_plan
+from resilience.proc import child
+from injectors.plan import fault_plan
 from resilience.record.events import read_events
 from resilience.record.query import first, productive_step_times, recovery_window, step_start
 from resilience.projection.goodput import predicted_goodput
@@ -262,7 +262,7 @@ class RunSpec:
 
 
 def run_one(spec: RunSpec, run_dir: Path, timeout_s: float = 240) -> None:
-    """``python -m resilience`` for one spec in its own process group (``resilience.child``)."""
+    """``python -m resilience`` for one spec in its own process group (``resilience.proc.child``)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)  # the checkpoint directory must start empty
     done = child.run(child.experiment_command(spec.overrides(), run_dir), timeout_s=timeout_s, cwd=REPO)

@@ -17,21 +17,21 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from resilience.detectors.process_exit import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
+from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
 from resilience.detectors.suite import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
 from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
-from resilience.identity import RunIdentity
+from resilience.ckpt.identity import RunIdentity
 from resilience.config import on_this_node
 from resilience.roles import build_roles
-from resilience.runtime import RankRuntime
+from resilience.runtime.rank import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
-from resilience.state import TrainState
-from resilience.strategies.owned_step import OwnsStep
-from resilience.strategies.replica_transfer import NothingToRecover
+from resilience.state.train import TrainState
+from resilience.runtime.step import OwnsStep
+from resilience.ckpt.replica_transfer import NothingToRecover
 from resilience.rank.trainer import Trainer
 
 

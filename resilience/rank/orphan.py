@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from resilience.orphans import kill_children
+from resilience.proc.orphans import kill_children
 
 POLL_S = 0.2
 

@@ -36,10 +36,10 @@ from omegaconf import DictConfig
 from resilience.detectors.suite import RankDetectors
 from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState, state_sha256
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.owned_step import OwnsStep, StepControl
+from resilience.runtime.step import OwnsStep, StepControl
 from resilience.workloads.base import Workload, stream_seed
 
 

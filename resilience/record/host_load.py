@@ -50,7 +50,7 @@ class RunProcesses:
 
     ``cpu_s()`` is the CPU time that ``getrusage`` of the sampling process does not hold yet: the processes alive
     now (zombies too), plus the last reading of those that left the tree (reparented to init) and died. A process
-    that dies inside the tree is reaped by its parent (or by the subreaper, ``resilience.orphans``), which then
+    that dies inside the tree is reaped by its parent (or by the subreaper, ``resilience.proc.orphans``), which then
     holds its time, so it drops out of the sum without being lost. Its error: what an escaped process used after
     its last sample, and escaped processes that lived less than one sample."""
 

@@ -140,7 +140,7 @@ def judge(cfg: DictConfig, run_dir: Path, result: dict[str, Any], overrides: lis
         return found
     if known is None and check == "run" and isinstance(result.get("final_state_sha256"), str) \
             and not_by_design(result) is None:
-        from resilience import child
+        from resilience.proc import child
 
         ref_dir = run_dir / "reference"
         print(f"[supervisor] no fault-free reference recorded for this training: running it in {ref_dir}",

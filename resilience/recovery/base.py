@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from resilience.caps import PolicyCaps
-from resilience.checks import require_int
-from resilience.named import Named
+from resilience.caps import Named, PolicyCaps
+from resilience.settings.checks import require_int
 
 if TYPE_CHECKING:  # annotations only: they import torch, a policy does not
     from injectors.base import Injector

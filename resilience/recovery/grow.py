@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from resilience.checks import require_number
+from resilience.settings.checks import require_number
 from resilience.recovery.shrink import Shrink
 
 if TYPE_CHECKING:

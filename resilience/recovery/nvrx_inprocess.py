@@ -49,7 +49,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from resilience.caps import PolicyCaps
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 from resilience.record.events import EventLog, read_events
 from resilience.recovery.base import RecoveryPolicy
 

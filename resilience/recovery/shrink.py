@@ -10,7 +10,7 @@ is smaller (each rank draws its own batch) and the gradients are summed over few
 from __future__ import annotations
 
 from resilience.caps import PolicyCaps
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 from resilience.recovery.base import RecoveryPolicy
 
 

@@ -12,11 +12,10 @@ from typing import Any
 
 from pathlib import Path
 
-from resilience.caps import StrategyCaps
-from resilience.checks import require_int
-from resilience.named import Named
-from resilience.runtime import AgentService, NodeMemory, RankRuntime
-from resilience.state import RestorePoint, TrainState
+from resilience.caps import Named, StrategyCaps
+from resilience.settings.checks import require_int
+from resilience.runtime.rank import AgentService, NodeMemory, RankRuntime
+from resilience.state.train import RestorePoint, TrainState
 from resilience.workloads.base import Workload
 
 

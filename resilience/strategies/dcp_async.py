@@ -30,12 +30,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from resilience.checks import require_choice
+from resilience.settings.checks import require_choice
 from resilience.ckpt.checksum import ChecksumFileSystem
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
-from resilience.strategies.async_ckpt import BackgroundCheckpoint, commit_checkpoint, hooked_writer
-from resilience.strategies.peer import PeerLibrary, PeerStrategy
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
+from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint, hooked_writer
+from resilience.libs.peer import PeerLibrary, PeerStrategy
 
 STAGERS = ("blocking", "default")
 EXECUTORS = ("thread", "process")

@@ -32,7 +32,7 @@ which the next memory save overwrites in place; the patch copies what was loaded
 
 Leftovers scoped to the run (``TORCHELASTIC_RUN_ID``, recorded in ``dlrover_run_id``): the shared-memory segments
 ``/dev/shm/<run id>_*`` and the socket directory ``<tmp>/ckpt_sock/<run id>``; ``clean_up_run`` removes them, and
-the supervisor kills the saver process once the run ends (``resilience.orphans``).
+the supervisor kills the saver process once the run ends (``resilience.proc.orphans``).
 """
 
 from __future__ import annotations
@@ -50,17 +50,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 from resilience.ckpt.snapshot import is_sharded
 from resilience.record.fsio import atomic_write_json
 from resilience.record.torch_workarounds import declare
-from resilience.runtime import NodeMemory, RankRuntime
-from resilience.state import TrainState, map_tensors, state_crc32, tensor_bytes
-from resilience.strategies.async_ckpt import BackgroundCheckpoint
-from resilience.strategies.dlrover_agent import AGENT_ROLE, POLL_S, AgentSaver
-from resilience.strategies.dlrover_layout import RANK0, TWINS, has_twins
-from resilience.strategies.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
-from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.runtime.rank import NodeMemory, RankRuntime
+from resilience.state.train import TrainState, map_tensors, state_crc32, tensor_bytes
+from resilience.strategies.background import BackgroundCheckpoint
+from resilience.libs.dlrover_agent import AGENT_ROLE, POLL_S, AgentSaver
+from resilience.libs.dlrover_layout import RANK0, TWINS, has_twins
+from resilience.libs.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
+from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
 from resilience.workloads.base import Workload
 
 RUN_ID_FILE = "dlrover_run_id"

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from resilience.checks import require_bool, require_int
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.settings.checks import require_bool, require_int
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 from resilience.workloads.base import Workload
 from resilience.ckpt import node_memory, shm_store
 from resilience.ckpt.codec import StateCodec, TensorRef, snapshot_state, restore, tensor_leaves

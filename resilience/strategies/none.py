@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from resilience.caps import StrategyCaps
-from resilience.state import TrainState
+from resilience.state.train import TrainState
 from resilience.strategies.base import CheckpointStrategy
 
 

@@ -23,10 +23,10 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState, map_tensors
-from resilience.strategies.async_ckpt import BackgroundCheckpoint
-from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState, map_tensors
+from resilience.strategies.background import BackgroundCheckpoint
+from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
 
 _ASYNC = "nvidia_resiliency_ext.checkpointing.async_ckpt"
 

@@ -35,11 +35,11 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
-from resilience.strategies.async_ckpt import BackgroundCheckpoint, commit_checkpoint
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
+from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint
 from resilience.strategies.nvrx_async import NvrxAsyncCheckpoint
-from resilience.strategies.peer import Patch, PeerStrategy
+from resilience.libs.peer import Patch, PeerStrategy
 from resilience.strategies.sync import WRITE_THREADS
 
 

@@ -4,7 +4,7 @@ No checkpoint is ever written. In data-parallel training every rank holds a full
 optimizer, so when one rank dies the state is still in its peers' memory. The survivors keep running: their
 collective fails, the supervisor starts a replacement for the dead rank (``resilience.supervise.replacing``), and
 the replacement receives model and optimizer state from a healthy replica
-(``resilience.strategies.replica_transfer``: pipelined, bucketed). Nothing
+(``resilience.ckpt.replica_transfer``: pipelined, bucketed). Nothing
 is reloaded from disk and no step is lost. It cannot survive the loss of every replica at once (then the run
 fails, and says so). What the survivors do while the replacement starts is ``strategy.while_replacing``:
 
@@ -27,7 +27,7 @@ ends the survivor with a ``replacement_too_slow`` event naming the deadline and 
 
 Under ``parallel=hsdp`` (``wait`` only) the same happens per shard: the replacement receives its shard from the rank
 holding the same shard in another replica group, and the survivors rebuild their sharded model over the re-formed
-group from their own memory (``resilience.strategies.replica_shards``). ``parallel=fsdp`` has no replica to take a
+group from their own memory (``resilience.ckpt.replica_shards``). ``parallel=fsdp`` has no replica to take a
 shard from and is refused.
 """
 
@@ -40,12 +40,12 @@ import torch
 import torch.distributed as dist
 
 from resilience.caps import StrategyCaps
-from resilience.checks import require_choice, require_number
+from resilience.settings.checks import require_choice, require_number
 from resilience.record.events import read_events
-from resilience.state import TrainState
+from resilience.state.train import TrainState
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.replica_shards import Held, is_sharded, rebuild, release
-from resilience.strategies.replica_transfer import reconcile
+from resilience.ckpt.replica_shards import Held, is_sharded, rebuild, release
+from resilience.ckpt.replica_transfer import reconcile
 
 MODES = ("wait", "continue")
 

@@ -29,16 +29,16 @@ import torch
 from torch.distributed import TCPStore
 
 from resilience.caps import StrategyCaps
-from resilience.checks import require_int, require_number
+from resilience.settings.checks import require_int, require_number
 from resilience.parallel.ddp import DataParallel
 from resilience.record.events import read_events
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState, map_tensors, state_sha256
-from resilience.strategies.owned_step import StepControl
-from resilience.strategies.peer import Patch, PeerLibrary, PeerStrategy
-from resilience.strategies.torchft_hsdp import (GroupWorld, ReplicaGroups, load_local_shards, local_shards,
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState, map_tensors, state_sha256
+from resilience.runtime.step import StepControl
+from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.libs.torchft_hsdp import (GroupWorld, ReplicaGroups, load_local_shards, local_shards,
                                                 set_all_reduce_hooks, shard_model)
-from resilience.strategies.torchft_lighthouse import Lighthouse
+from resilience.libs.torchft_lighthouse import Lighthouse
 
 HEARTBEAT_INTERVAL_S = 0.1  # the Manager's default: how often a group tells the lighthouse it is alive
 

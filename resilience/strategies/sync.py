@@ -13,8 +13,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 
 from resilience.caps import StrategyCaps
-from resilience.runtime import PhaseHook, RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import PhaseHook, RankRuntime
+from resilience.state.train import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.checksum import ChecksumFileSystem
 from resilience.ckpt.commit import CheckpointDir, CheckpointEntry

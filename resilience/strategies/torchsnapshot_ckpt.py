@@ -23,10 +23,10 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
-from resilience.strategies.async_ckpt import BackgroundCheckpoint
-from resilience.strategies.peer import PeerLibrary, PeerStrategy
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
+from resilience.strategies.background import BackgroundCheckpoint
+from resilience.libs.peer import PeerLibrary, PeerStrategy
 
 
 class TorchSnapshotCheckpoint(PeerStrategy, BackgroundCheckpoint):

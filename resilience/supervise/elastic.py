@@ -27,7 +27,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
 from resilience.record.events import EVENTS_FILE, EventLog
 from resilience.record.torch_workarounds import declare
-from resilience.runtime import AgentService
+from resilience.runtime.rank import AgentService
 from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
 from resilience.supervise.supervisor import Supervisor

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from resilience.detectors.process_exit import NOTHING_TO_RECOVER_EXIT
+from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT
 from resilience.record.events import EventLog
 from resilience.rank.group import GENERATION_KEY, STORE_ENV, failed_key
 from resilience.record.board import reset_board

@@ -22,14 +22,14 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
-from resilience.orphans import adopt_orphans, kill_children, remove_torch_segments
+from resilience.proc.orphans import adopt_orphans, kill_children, remove_torch_segments
 from resilience.record.events import EventLog, read_events
 from resilience.record.host_load import HostLoadSampler
 from resilience.record.memory import MemorySampler
 from resilience.record.board import create_board
 from resilience.supervise.observer import Observer, say
 from resilience.recovery.base import RecoveryPolicy
-from resilience.runtime import AgentService
+from resilience.runtime.rank import AgentService
 from resilience.strategies.base import CheckpointStrategy
 
 __all__ = ["Interrupted", "Supervisor", "say"]

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from resilience.caps import WorkloadCaps
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
 
 _MASK31 = (1 << 31) - 1

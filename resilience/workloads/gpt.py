@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resilience.checks import require_int
+from resilience.settings.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
 
 

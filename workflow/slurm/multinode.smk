@@ -29,7 +29,7 @@ MULTINODE_DIR = f"{RESULTS}/multinode/{MULTINODE_NAME}"
 MULTINODE_OVERRIDES = [*MULTINODE, "supervisor.launcher=external", f"world_size={MULTINODE_WORLD}"]
 if MULTINODE and workflow.is_main_process:
     from resilience.__main__ import precheck
-    from resilience.command_line import CommandLineError
+    from resilience.settings.command_line import CommandLineError
     from resilience.config import ConfigError
 
     try:  # what node 0 will prepare, checked here: a bad override is one line, before any submission

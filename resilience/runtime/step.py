@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from resilience.state import TrainState
+from resilience.state.train import TrainState
 
 
 class StepControl:

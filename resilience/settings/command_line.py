@@ -90,7 +90,7 @@ def compose_checked(conf_dir: Path, config_name: str, argv: list[str]) -> DictCo
 def _explain(exc: Exception, parsed: list[Any], conf_dir: Path, config_name: str) -> str:
     """One line for a composition error: an unknown key gets the nearest known keys, anything else its cause."""
     text = _first_line(exc)
-    from resilience.schema import explain  # a setting of the wrong type (the structured config's check)
+    from resilience.settings.schema import explain  # a setting of the wrong type (the structured config's check)
 
     if typed := explain(exc):
         return typed

@@ -16,9 +16,16 @@ from typing import IO, Callable, Protocol
 import torch
 from torch import nn
 
-from resilience.identity import RunIdentity
+from resilience.ckpt.identity import RunIdentity
 from resilience.record.events import EventLog
 
+
+# A rank exits with this code when a detector inside it asked for a restart (a rollback, say): a requested
+# exit, not a fault (sysexits' EX_TEMPFAIL).
+RECOVERY_EXIT = 75
+# A rank exits with this code when the state it must start from exists nowhere (``replica`` with every replica lost
+# at once): no restart can mend that, so the supervisor ends the run instead of spending its budget.
+NOTHING_TO_RECOVER_EXIT = 76
 
 # A phase hook: (phase, step) -> None. The training loop and the strategies call it at each named point.
 PhaseHook = Callable[[str, int], None]

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilience.state import map_tensors
+from resilience.state.train import map_tensors
 
 if TYPE_CHECKING:
     from resilience.parallel.base import Parallelism

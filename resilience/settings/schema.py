@@ -18,7 +18,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
-from resilience.checks import require_choice, require_int, require_number
+from resilience.settings.checks import require_choice, require_int, require_number
 
 SCHEMA_NAME = "base_config"  # what conf/config.yaml's defaults list names
 Number = Union[int, float]  # not float: an int stays an int, so the resolved config reads as written
@@ -137,7 +137,7 @@ SETTINGS = {key: (kind, meta) for key, kind, meta in _leaves(Experiment)}
 
 
 def allowed(key: str) -> str:
-    """What ``key`` accepts, in the words of resilience.checks (``must be an integer >= 1``)."""
+    """What ``key`` accepts, in the words of resilience.settings.checks (``must be an integer >= 1``)."""
     kind, meta = SETTINGS[key]
     bound = next((f"{'>=' if name == 'at_least' else '>'} {meta[name]}" for name in ("at_least", "above")
                   if name in meta), "")

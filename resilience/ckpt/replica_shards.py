@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from resilience.record.torch_workarounds import declare
-from resilience.runtime import RankRuntime
-from resilience.state import TrainState
+from resilience.runtime.rank import RankRuntime
+from resilience.state.train import TrainState
 
 FORGET_GROUPS = declare(
     "forget_broken_groups", "a broken process group closes its sockets only once nothing refers to it, and DTensor's "

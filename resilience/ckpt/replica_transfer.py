@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 # The plain transfer's state layout (a skeleton of slots, filled in the same order) is the protocol both share.
 from resilience.ckpt.transfer import Reconciled, _bare, _fill, _hollow, _Slot, replica_state
-from resilience.state import TrainState
-from resilience.strategies.replica_shards import load_local, localise, shard_key
+from resilience.state.train import TrainState
+from resilience.ckpt.replica_shards import load_local, localise, shard_key
 
 BUCKET_BYTES = 16 << 20
 WINDOW = 4  # buckets in flight at once: bounds the staging memory to WINDOW x BUCKET_BYTES
