@@ -36,7 +36,7 @@ class Injector(Named, ABC):
     (drawn from ``seed``), up to ``count`` times in all: faults at a known rate.
     """
 
-    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.parallel.reduce itself)
+    hooks_reduction: bool = False  # True: it registers the DDP comm hook (and calls resilience.runtime.reduce itself)
     caps = InjectorCaps(when={"phase=during_checkpoint": {"needs_checkpoint": "fault.phase=during_checkpoint"}})
 
     def __init__(self, rank: int = 0, at_step: int = 0, phase: str = "before_forward",

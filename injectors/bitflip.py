@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from injectors.base import Injector
 from resilience.settings.checks import require_int
 from injectors.bits import BIT_CLASSES, choose_bits, flip_bits, pick_element
-from resilience.parallel.reduce import reduce_hook_for
+from resilience.runtime.reduce import reduce_hook_for
 from resilience.state.train import TrainState
 from resilience.ckpt.commit import CheckpointDir
 from resilience.workloads.base import Workload, stream_seed
@@ -80,7 +80,7 @@ class BitFlip(Injector):
 
     def hook_reduction(self, ddp: DistributedDataParallel) -> None:
         # On every rank, so that all reduce gradients the same way; the flip happens, then the run's own
-        # reduction (resilience.parallel.reduce) takes over. The closure is unannotated: DDP inspects annotations.
+        # reduction (resilience.runtime.reduce) takes over. The closure is unannotated: DDP inspects annotations.
         self._reduce = reduce_hook_for(self.rt.world_size)
 
         def hook(process_group, bucket):

@@ -23,7 +23,7 @@ from resilience.ckpt.lock import DirectoryInUse, DirectoryLock, holds_checkpoint
 from resilience.settings.command_line import MULTIRUN, CommandLineError, compose_checked, jobs_of, only_prints
 from resilience.settings.cli_help import HELP_FLAGS, help_text
 from resilience.config import CONF_DIR, ConfigError, check_group_choices, resolve
-from resilience.ckpt.identity import new_run_id
+from resilience.settings.identity import new_run_id
 from resilience.record.quick_exit import exit_now
 from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes

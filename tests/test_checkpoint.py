@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from conftest import ROOT, run_cli
 from resilience.ckpt.commit import COMMIT_MARKER, CheckpointDir
 from resilience.ckpt.lock import DirectoryInUse, DirectoryLock
-from resilience.ckpt.identity import RunIdentity
+from resilience.settings.identity import RunIdentity
 from resilience.record.events import EventLog, read_events
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState, state_sha256

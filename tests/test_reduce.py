@@ -1,4 +1,4 @@
-"""The ordered reduction (``resilience/parallel/reduce.py``) on real gloo ranks: the same bits as the all-gather summed in rank
+"""The ordered reduction (``resilience/runtime/reduce.py``) on real gloo ranks: the same bits as the all-gather summed in rank
 order it replaced (so no final hash moves), the same bits for any bucket layout, and 2(W-1)/W of the bytes."""
 
 from __future__ import annotations

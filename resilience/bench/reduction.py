@@ -3,7 +3,7 @@
 For each world size ``W`` it starts ``W`` gloo ranks on this host, gives each a random bucket of ``--mb`` MB (float32)
 and reduces it three ways: DDP's own all-reduce (what ``W = 2`` uses), the former ordered reduction (all-gather whole
 buckets, sum in rank order) and the current one (reduce-scatter in rank order, all-gather of the reduced shards;
-``resilience/parallel/reduce.py``). Per way it prints the bytes each rank *sent*, measured as the growth of the process's
+``resilience/runtime/reduce.py``). Per way it prints the bytes each rank *sent*, measured as the growth of the process's
 ``wchar`` (``/proc/self/io``: gloo's TCP transport writes with ``write``/``writev``, which ``wchar`` counts; every way
 here sends as many bytes as it receives), as a multiple of the bucket, beside the textbook figure, and the median
 time of ``--repeats``. It also checks that both ordered reductions give the same bits, and that the current one
@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from resilience.parallel.reduce import gathered_sum_hook, ordered_sum_hook
+from resilience.runtime.reduce import gathered_sum_hook, ordered_sum_hook
 
 WAYS = {"allreduce (DDP's own, used at W=2)": default_hooks.allreduce_hook, "all-gather, ordered (before)": gathered_sum_hook,
         "reduce-scatter + all-gather, ordered (now)": ordered_sum_hook}

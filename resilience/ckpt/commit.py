@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resilience.ckpt.checksum import collect_checksums, file_crc32
-from resilience.ckpt.identity import RunIdentity
+from resilience.settings.identity import RunIdentity
 from resilience.record.fsio import atomic_write_json, fsync_dir
 
 COMMIT_MARKER = "COMMIT.json"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Sequence
 
-from resilience.strategies.base import CheckpointStrategy
+from resilience.runtime.rank import RankRuntime
 from resilience.workloads.base import Workload
 
 
@@ -60,11 +60,15 @@ class PeerLibrary:
             return "unknown"
 
 
-class PeerStrategy(CheckpointStrategy):
-    """Mixin of a strategy that runs a peer library: its ``library``, its ``known_patches``, the chosen ones."""
+class PeerStrategy:
+    """Mixin of a strategy that runs a peer library: its ``library``, its ``known_patches``, the chosen ones. It
+    comes first among the bases of a ``CheckpointStrategy`` subclass (``class X(PeerStrategy, SyncCheckpoint)``),
+    whose ``name`` and ``rt`` it uses; it derives from none, so that the adapters' room does not import the options'."""
 
     library: PeerLibrary
     known_patches: tuple[Patch, ...] = ()
+    name: str
+    rt: RankRuntime | None
 
     def choose_patches(self, patches: str | list[str]) -> None:
         names = [p.name for p in self.known_patches]

@@ -8,7 +8,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from resilience.parallel.base import Parallelism
-from resilience.parallel.reduce import install as install_reduce
+from resilience.runtime.reduce import install as install_reduce
 
 if TYPE_CHECKING:
     from injectors.base import Injector

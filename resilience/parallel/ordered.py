@@ -5,7 +5,7 @@ rebuild after the first step, unlike DDP's buckets), so a restarted rank reduces
 left is the order in which a collective adds the ranks' contributions: gloo's and NCCL's algorithms choose it
 (by message size, topology, channels). Here an all-to-all hands rank ``j`` every rank's copy of shard ``j`` and
 the sum is taken locally, ``part[0] + part[1] + ... + part[W-1]``, then divided by ``W`` for a mean: the order
-``resilience.parallel.reduce`` uses for DDP (docs/sharded.md).
+``resilience.runtime.reduce`` uses for DDP (docs/sharded.md).
 """
 
 from __future__ import annotations

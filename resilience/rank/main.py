@@ -18,13 +18,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
-from resilience.detectors.suite import RankDetectors, RecoveryRequested
+from resilience.rank.detectors import RankDetectors, RecoveryRequested
 from resilience.record.events import EventLog, read_events
 from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
-from resilience.ckpt.identity import RunIdentity
+from resilience.settings.identity import RunIdentity
 from resilience.config import on_this_node
 from resilience.roles import build_roles
 from resilience.runtime.rank import RankRuntime

@@ -33,7 +33,7 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from resilience.detectors.suite import RankDetectors
+from resilience.rank.detectors import RankDetectors
 from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime.rank import RankRuntime

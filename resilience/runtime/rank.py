@@ -16,7 +16,7 @@ from typing import IO, Callable, Protocol
 import torch
 from torch import nn
 
-from resilience.ckpt.identity import RunIdentity
+from resilience.settings.identity import RunIdentity
 from resilience.record.events import EventLog
 
 

@@ -35,6 +35,7 @@ from resilience.record.events import read_events
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState, map_tensors, state_sha256
 from resilience.runtime.step import StepControl
+from resilience.strategies.base import CheckpointStrategy
 from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
 from resilience.libs.torchft_hsdp import (GroupWorld, ReplicaGroups, load_local_shards, local_shards,
                                                 set_all_reduce_hooks, shard_model)
@@ -71,7 +72,7 @@ PATCHES = (
 )
 
 
-class ReplicaTorchft(PeerStrategy, StepControl):
+class ReplicaTorchft(PeerStrategy, CheckpointStrategy, StepControl):
     # The supervisor replaces only the dead group; the others never stop. Each rank, or each replica of the shards
     # (hsdp), is its own replica group, healed by its own shard (``torchft_hsdp``); the lighthouse runs in the
     # supervisor.

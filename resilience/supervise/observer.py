@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from resilience.detectors.base import Detection, Detector
-from resilience.detectors.suite import emit_detection
+from resilience.rank.detectors import emit_detection
 from resilience.record.events import EventLog
 from resilience.record.board import read_board
 
