@@ -39,7 +39,9 @@ class CkptDamage(Injector):
                              f"it (a strategy that checkpoints, at_step > checkpoint.every)")
 
     def _plan_detail(self, step: int) -> dict[str, Any]:
-        entry = CheckpointDir(self.rt.ckpt_dir).newest_committed()
+        # The checkpoint recorded is the one damaged: chosen once, since a background save may commit a newer one
+        # between the record and the act (seen with dcp_async: step 8 recorded, step 12 damaged).
+        self._entry = entry = CheckpointDir(self.rt.ckpt_dir).newest_committed()
         return {"how": self.how, "damaged_step": entry.step if entry else None,
                 "file": self._victim(entry.path).name if entry else None}
 
@@ -51,7 +53,7 @@ class CkptDamage(Injector):
         return CheckpointDir(self.rt.ckpt_dir).data_files(CheckpointEntry(0, path, True))[0]
 
     def _act(self, step: int) -> None:
-        entry = CheckpointDir(self.rt.ckpt_dir).newest_committed()
+        entry = self._entry
         if entry is not None:
             victim = self._victim(entry.path)
             if self.how.startswith("delete"):

@@ -29,6 +29,7 @@ from resilience.record.events import EVENTS_FILE
 from resilience.record.fsio import atomic_write_bytes
 from resilience.record.reference import judge
 from resilience.record.result import summarize, write_result
+from resilience.supervise.resume import Resume, names_run_dir, with_run_dir
 
 if TYPE_CHECKING:
     from resilience.roles import Roles
@@ -50,14 +51,18 @@ def main(cfg: DictConfig) -> None:
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
     try:
         cfg = resolve(cfg, run_dir, choices)
-        check_places(cfg, run_dir)
-        with open_dict(cfg):
-            cfg.run_id = new_run_id()
-        lock = own_checkpoint_dir(cfg, run_dir)
+        resume = Resume.of(cfg, run_dir, names_run_dir(list(hc.overrides.hydra)), hc.mode == RunMode.MULTIRUN)
+        check_places(cfg, run_dir, resume)
+        with open_dict(cfg):  # a resumed job is the same run: its id, and attempts numbered on
+            cfg.run_id = resume.run_id if resume else new_run_id()
+            cfg.job = resume.settings() if resume else {"number": 1, "first_attempt": 0}
+        lock = own_checkpoint_dir(cfg, run_dir, resume)
     except ConfigError as exc:
         _fail_config(exc)
     config_path = run_dir / "config.yaml"
     atomic_write_bytes(config_path, OmegaConf.to_yaml(cfg).encode())
+    if resume:
+        resume.record()
     # Imported once the command is known to run: the roles and the supervisors import torch (--help, a bad
     # override, a config error end without it).
     from resilience.roles import build_roles
@@ -69,6 +74,8 @@ def main(cfg: DictConfig) -> None:
         return
     say(f"{choices['strategy']} / fault {choices['fault']} / {choices['workload']}: {cfg.steps} steps on "
         f"{cfg.world_size} ranks, seed {cfg.seed}, run dir {run_dir}")
+    if resume:
+        say(f"job {resume.job} of run {resume.run_id}: resuming it from its newest complete checkpoint")
     supervisor = supervisor_for(cfg, config_path, roles)
     for caveat in [*roles.policy.caveats(roles.injector), *supervisor.caveats()]:
         print(f"warning: {caveat}", file=sys.stderr, flush=True)
@@ -104,20 +111,22 @@ def drop_checkpoints(cfg: DictConfig, multirun: bool) -> None:
         shutil.rmtree(cfg.checkpoint.dir, ignore_errors=True)
 
 
-def check_places(cfg: DictConfig, run_dir: Path) -> None:
-    """The run directory holds no run yet, and no live run holds the checkpoint directory (nothing is created)."""
-    if (run_dir / EVENTS_FILE).exists():
+def check_places(cfg: DictConfig, run_dir: Path, resume: Resume | None = None) -> None:
+    """The run directory holds no run yet (unless this job resumes it), and no live run holds the checkpoint
+    directory (nothing is created)."""
+    if resume is None and (run_dir / EVENTS_FILE).exists():
         raise ConfigError(f"hydra.run.dir={run_dir}: already holds a run ({EVENTS_FILE}); choose a new directory")
     holder = DirectoryLock(Path(cfg.checkpoint.dir)).holder()
     if holder is not None:
         raise ConfigError(f"checkpoint.dir={cfg.checkpoint.dir}: in use by another run ({holder})")
 
 
-def precheck(argv: list[str]) -> None:
+def precheck(argv: list[str]) -> Resume | None:
     """The whole validation, before Hydra creates anything: for every job of the command line (one, or each point
-    of a ``--multirun`` sweep), compose, resolve, check where the run would go."""
+    of a ``--multirun`` sweep), compose, resolve, check where the run would go; the resume it asks for, if any."""
     if only_prints(argv):
-        return
+        return None
+    resume = None
     multirun = any(a in MULTIRUN for a in argv)
     for num, job in enumerate(jobs_of(argv)):
         composed = compose_checked(CONF_DIR, "config", job)
@@ -130,18 +139,22 @@ def precheck(argv: list[str]) -> None:
         choices = {k: v for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
         with open_dict(composed):
             del composed["hydra"]
-        check_places(resolve(composed, run_dir, choices), run_dir)
+        cfg = resolve(composed, run_dir, choices)
+        resume = Resume.of(cfg, run_dir, names_run_dir(job), multirun)
+        check_places(cfg, run_dir, resume)
+    return resume
 
 
-def own_checkpoint_dir(cfg: DictConfig, run_dir: Path) -> DirectoryLock:
-    """Lock the run's checkpoint directory for the life of this command (see ``resilience.ckpt.lock``)."""
+def own_checkpoint_dir(cfg: DictConfig, run_dir: Path, resume: Resume | None = None) -> DirectoryLock:
+    """Lock the run's checkpoint directory for the life of this command (see ``resilience.ckpt.lock``); a fresh
+    run's must be empty, a resumed one's holds its checkpoints."""
     ckpt = Path(cfg.checkpoint.dir)
     lock = DirectoryLock(ckpt)
     try:
         lock.acquire({"run_id": cfg.run_id, "run_dir": str(run_dir), "pid": os.getpid()})
     except DirectoryInUse as exc:
         raise ConfigError(f"checkpoint.dir={ckpt}: {exc}") from None
-    if holds_checkpoints(ckpt):
+    if resume is None and holds_checkpoints(ckpt):
         lock.release()
         raise ConfigError(f"checkpoint.dir={ckpt}: is not empty; a run starts from an empty directory")
     return lock
@@ -179,11 +192,15 @@ def cli() -> None:
     if any(a in HELP_FLAGS for a in sys.argv[1:]):
         print(help_text(CONF_DIR))
         return
+    argv = with_run_dir(sys.argv[1:])  # resume=DIR: the run directory is DIR
     try:
-        check_group_choices(sys.argv[1:])
-        precheck(sys.argv[1:])
+        check_group_choices(argv)
+        resume = precheck(argv)
     except (ConfigError, CommandLineError) as exc:
         _fail_config(exc)
+    if resume is not None:  # Hydra's record of this job's command line beside the first job's, not over it
+        argv.append(f"hydra.output_subdir=.hydra/job{resume.job}")
+    sys.argv[1:] = argv
     main()
 
 

@@ -66,6 +66,7 @@ class InjectorCaps(Caps):
     reaches_into_ddp: bool = False  # it hooks DDP's reduction or reaches into DDP's module
     needs_checkpoint: str | None = None  # the setting with which it acts on a checkpoint (None: it does not)
     returns_after_s: float | None = None  # the lost node is back this long after the loss (None: never)
+    ends_the_job: bool = False  # it kills our supervisor with every rank: the run goes on only with resume=
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,6 +56,7 @@ class Combination:
     launcher: str = "local"
     spares: int = 0
     ranks_per_node: int = 1
+    resume: str | None = None  # resume=: the run directory whose job this one continues
     hinted: bool = True  # False while the table judges an alternative for a hint (no hints within hints)
 
     def caps(self, group: str) -> Caps:
@@ -198,6 +199,22 @@ RULES: list[Rule] = [
          lambda c: c.strategy.recovers_in_place and c.launcher != "local",
          lambda c: f"supervisor.launcher={c.launcher}: {c.set('strategy')} needs the local supervisor, which "
                    f"replaces failed ranks (torchrun restarts every rank)"),
+    Rule("the_job_it_ends", ("fault", "supervisor.launcher"),
+         "A fault that kills our supervisor with every rank, under a launcher that runs the ranks without it.",
+         lambda c: c.fault.ends_the_job and c.launcher != "local",
+         lambda c: f"supervisor.launcher={c.launcher}: {c.set('fault')} kills our supervisor with every rank, which "
+                   f"this launcher does not run; use supervisor.launcher=local"),
+    Rule("nothing_outlives_the_job", ("fault", "strategy"),
+         "A fault that ends the whole job, with a strategy whose state lives only in the ranks (nothing to resume).",
+         lambda c: c.fault.ends_the_job and c.strategy.recovers_in_place,
+         lambda c: f"{c.set('fault')}: ends the whole job, and {c.set('strategy')} keeps the state only in the "
+                   f"ranks' memory, which the job takes with it; use "
+                   f"{c.instead('strategy', lambda s: not s.recovers_in_place)}"),
+    Rule("a_job_to_resume", ("strategy", "resume"),
+         "A resume in a new job, with a strategy whose state lived only in the ranks of the job that died.",
+         lambda c: c.resume is not None and c.strategy.recovers_in_place,
+         lambda c: f"resume={c.resume}: {c.set('strategy')} kept the state only in the ranks' memory, which died "
+                   f"with the job; nothing to resume from"),
     Rule("survivors_restart_together", ("recovery", "strategy", "supervisor.launcher"),
          "A policy that restarts fewer ranks (the survivors), with a strategy that recovers in place or another "
          "launcher than our supervisor's elastic agent.",

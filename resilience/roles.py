@@ -70,4 +70,5 @@ def combination(cfg: DictConfig, roles: Roles) -> Combination:
                        strategy=roles.strategy.caps, fault=roles.injector.caps, recovery=roles.policy.caps,
                        detectors={d.name: d.caps for d in roles.detectors}, world_size=int(cfg.world_size),
                        launcher=cfg.supervisor.launcher, spares=int(cfg.supervisor.spares),
-                       ranks_per_node=int(OmegaConf.select(cfg, "ranks_per_node", default=1)))
+                       ranks_per_node=int(OmegaConf.select(cfg, "ranks_per_node", default=1)),
+                       resume=OmegaConf.select(cfg, "resume", default=None))

@@ -42,14 +42,25 @@ def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict
     shm_before = set(os.listdir(SHM_DIR))
     done = run_cli(*overrides, f"hydra.run.dir={run_dir}", timeout=timeout)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    left_nothing(run_dir, shm_before)
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def left_nothing(run_dir: Path, shm_before: set[str]) -> None:
+    """No process of the run in ``run_dir`` is alive, and /dev/shm holds nothing new since ``shm_before`` that no
+    live process uses."""
     deadline = time.monotonic() + 10
     while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_mentioning(str(run_dir)) == [], "rank processes outlived the run"
     assert list(SHM_DIR.glob(f"*{run_id(run_dir)}*")) == [], "shared memory outlived the run"
     left = unused(set(os.listdir(SHM_DIR)) - shm_before)
-    assert left == [], f"/dev/shm entries outlived the run: {left}"
-    return json.loads((run_dir / "result.json").read_text())
+    deadline = time.monotonic() + 3  # what a process of another job on the host holds for a moment is gone by then
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = unused(set(left))
+    assert left == [], f"/dev/shm entries outlived the run: {left} (the check assumes no other job on this host " \
+                       f"creates /dev/shm entries meanwhile: run the suite alone)"
 
 
 def unused(names: set[str]) -> list[str]:

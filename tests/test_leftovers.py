@@ -16,3 +16,29 @@ def test_only_torch_segments_of_the_runs_processes_are_removed(tmp_path):
     removed = remove_torch_segments({ours, os.getpid()}, shm_dir=tmp_path)
     assert sorted(removed) == [(f"torch_{ours}_1234_0", 10), (f"torch_{ours}_1234_1", 10)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+def test_what_a_rank_started_in_its_session_is_killed_wherever_it_was_reparented():
+    """A rank leads its own session; a process it started (DLRover's forkserver) may escape the subreaper to init."""
+    import subprocess
+    import sys
+    import time
+
+    from resilience.proc.orphans import kill_sessions
+
+    # the "rank" starts a sleeper and exits: the sleeper is reparented, its session stays the rank's
+    rank = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+                             "stdout=subprocess.DEVNULL); print(p.pid)"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    sleeper = int(rank.communicate(timeout=30)[0])
+    killed = kill_sessions({rank.pid})
+    assert sleeper in killed and "time.sleep(60)" in killed[sleeper]
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{sleeper}") and time.monotonic() < deadline:
+        with open(f"/proc/{sleeper}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # dead, waiting for init to reap it
+        time.sleep(0.05)
+    else:
+        assert not os.path.exists(f"/proc/{sleeper}")

@@ -117,5 +117,8 @@ def run(cmd: Sequence[str], timeout_s: float, cwd: Path | str | None = None, mer
             return Finished(child.proc.returncode, out or "", err or "")
         except subprocess.TimeoutExpired:
             child.stop()
-            out, err = child.proc.communicate()
+            try:
+                out, err = child.proc.communicate(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:  # a process that left the group still holds the pipes: stop reading
+                out, err = "", "(output not read: a process outside the command's group kept its pipes open)"
             return Finished(None, out or "", err or "")

@@ -62,6 +62,27 @@ def kill_children(tracker_grace_s: float = 3.0) -> dict[int, str]:
     return found
 
 
+def kill_sessions(sessions: set[int]) -> dict[int, str]:
+    """SIGKILL every live process whose session is one of ``sessions`` (the run's rank processes each lead one):
+    what a killed rank started and the subreaper did not get (seen: DLRover's forkserver, started by its saver in
+    rank 0, reparented to init); pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) in sessions and fields[0] != "Z":  # (state, ppid, pgrp, session, ...)
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace").strip()[:200]
+        except (OSError, IndexError, ValueError):
+            continue
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return found
+
+
 def _kill_and_reap(pids: set[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):

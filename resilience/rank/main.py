@@ -24,7 +24,7 @@ from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
-from resilience.settings.identity import RunIdentity
+from resilience.settings.identity import RunIdentity, job_first_attempt
 from resilience.config import on_this_node
 from resilience.roles import build_roles
 from resilience.runtime.rank import RankRuntime
@@ -86,7 +86,8 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
 def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    # the agent counts this job's restarts; a resumed job numbers its attempts on from the jobs before it
+    attempt = job_first_attempt(cfg) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     run_dir = Path(cfg.run_dir)
     redirect_output(run_dir, f"rank{rank}", f"rank {rank} attempt {attempt}")
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")

@@ -37,6 +37,7 @@ from resilience.rank.detectors import RankDetectors
 from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime.rank import RankRuntime
+from resilience.settings.identity import job_first_attempt
 from resilience.state.train import TrainState, state_sha256
 from resilience.strategies.base import CheckpointStrategy
 from resilience.runtime.step import OwnsStep, StepControl
@@ -63,6 +64,8 @@ class Trainer:
         rt, ev = self.rt, self.rt.events
         start = self.strategy.load(self.state)
         ev.step = self.position = start
+        if rt.rank == 0 and rt.attempt == job_first_attempt(self.cfg) > 0:  # a new job goes on with the run (resume=)
+            print(f"resumed from step {start}", flush=True)
         self._check_resumed(start)
         last_t, last_step = time.monotonic(), start
         step = start

@@ -89,6 +89,12 @@ _SUPERVISOR: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "torch's shared-memory files the run's ended processes left in /dev/shm, removed at the end of the run"),
     ("host_load", ("thresholds",), "the host's load while the run ran, and the validity thresholds"),
     ("supervisor_end", ("outcome", "signal"), "the supervisor is done: succeeded, failed or interrupted"),
+    ("job_lost", ("died_t_wall", "last_attempt", "last_step", "found_by"),
+     "the previous job ended without its end record (its supervisor was killed): recorded by whoever learns of it "
+     "first (`found_by`: the resume), with its last event's time and its last attempt and step"),
+    ("job_resumed", ("job", "first_attempt", "started_t_wall"),
+     "resume=: a new job (number `job`, its process started at `started_t_wall`) continues the run, its attempts "
+     "numbered on from `first_attempt`"),
 )
 _RANK: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("run_start", ("pid", "world_size", "device", "backend"), "a rank process is set up and about to load"),

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from resilience.record.inprocess import inprocess_recovery
-from resilience.record.query import (RecoveryWindow, durable_times, first, first_detection, load_window, loads, median,
-                                     productive_step_times, recovery_window, stalls, step_start, step_times)
+from resilience.record.query import (JobRestart, RecoveryWindow, durable_times, first, first_detection,
+                                     job_restarts, last_job, load_window, loads, median, productive_step_times,
+                                     recovery_window, stalls, step_start, step_times)
 from resilience.record.replicas import replica_groups, replica_recovery
 from resilience.record.world import world_sizes
 
@@ -25,7 +26,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     final_attempt = max((e["attempt"] for e in events if e["rank"] is not None), default=0)
     run_ends = [e for e in events if e["kind"] == "run_end" and e["attempt"] == final_attempt]
     fault = first(events, "fault_injected")
-    launch, end = first(sup, "launch"), first(sup, "supervisor_end")
+    # The run starts with its first job's launch and ends with its last job's end (resume=: a run of several jobs)
+    launch, end = first(sup, "launch"), first(last_job(sup), "supervisor_end")
     if launch is None and events:  # launched by torchrun: no supervisor events, the ranks' own span
         launch, end = events[0], {**events[-1], "outcome": "succeeded" if run_ends else "failed"}
 
@@ -33,6 +35,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     final_world = next((e["world_size"] for e in events if e["kind"] == "run_start" and e["attempt"] == final_attempt
                         and "world_size" in e), run["world_size"])
     status = _status(end, len(run_ends) == final_world, fault is not None, launch is not None)
+    restarts = job_restarts(events)
+    clock = "t_wall" if restarts else "t_mono"
 
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -43,7 +47,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         "attempts": final_attempt + 1,
         "steps_completed": max((e["step"] for e in rank0 if e["kind"] == "step_end" and e["attempt"] == final_attempt),
                                default=0),
-        "wall_time_s": end["t_mono"] - launch["t_mono"] if launch and end else None,
+        # across jobs on the wall clock: a resumed job may run on another host
+        "wall_time_s": end[clock] - launch[clock] if launch and end else None,
         **_fault_metrics(events, fault, status),
         **_checkpoint_metrics(rank0),
         "step_time_s": median(step_times(rank0)),
@@ -58,6 +63,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result.update(replica_recovery(events, run["world_size"]))  # our replica's, under the same names
     result.update(world_sizes(events, launch))  # recovery=shrink|grow: the sizes trained at (none if it kept its size)
     result.update(inprocess_recovery(events))  # NVRx's in-process restart: in place, or the supervisor's fallback
+    result.update(_job_restarts(restarts))  # resume=: the whole job died and a new one went on
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
     result["validity"] = _validity(first(sup, "host_load"))
     memory = first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
@@ -211,6 +217,25 @@ def _recovery_time(window: RecoveryWindow) -> dict[str, Any]:
         "load": t_loaded - window.start["t_mono"],
         "replay": window.resumed["t_mono"] - t_loaded,
     }}
+
+
+def _job_restarts(restarts: list[JobRestart]) -> dict[str, Any]:
+    """How many jobs the run took, and each job restart: from the old job's death (its last event) to the new job
+    back at the step where it died = the gap until the new job's process started (whatever started it) + its
+    start-up until rank 0's start + load + replay; ``first_step_s``: until the new job's first step."""
+    out = []
+    for j in restarts:
+        t0, ready = j.died["t_wall"], j.loaded or j.start
+        started = j.resumed["started_t_wall"]
+        out.append({
+            "job": j.resumed["job"], "first_attempt": j.resumed["first_attempt"], "died_at_step": j.died_step,
+            "loaded_step": (j.loaded["step"] if j.loaded else 0) if j.start else None, "lost_steps": j.lost_steps,
+            "job_restart_s": j.back["t_wall"] - t0 if j.back else None,
+            "first_step_s": j.first_step["t_wall"] - t0 if j.first_step else None,
+            "breakdown_s": {"gap": started - t0, "startup": j.start["t_wall"] - started if j.start else None,
+                            "load": ready["t_wall"] - j.start["t_wall"] if j.start else None,
+                            "replay": j.back["t_wall"] - ready["t_wall"] if j.back and ready else None}})
+    return {"jobs": len(restarts) + 1, "job_restarts": out}
 
 
 def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:

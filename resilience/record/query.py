@@ -133,3 +133,68 @@ def recovery_window(events: list[dict], fault: dict) -> RecoveryWindow | None:
     return RecoveryWindow(fault, first_detection(events, fault), restart, start,
                           first(later, "ckpt_loaded", attempt=start["attempt"]), first(later, "step_end"),
                           first(later, "resumed"))
+
+
+JOB_RECORDS = ("job_lost", "job_resumed")  # what a resume writes about the jobs, not an event of the job that died
+
+
+def last_job(events: list[dict]) -> list[dict]:
+    """The events of the run's last job: from its ``job_resumed`` on (every event, for a run of one job)."""
+    starts = [i for i, e in enumerate(events) if e["kind"] == "job_resumed"]
+    return events[starts[-1]:] if starts else events
+
+
+@dataclass(frozen=True)
+class JobDeath:
+    """How a job's own events end: its last event on the wall clock (for a job whose supervisor was killed, the
+    job's death), and its last attempt and the furthest step that attempt reached."""
+
+    last: dict
+    attempt: int
+    step: int
+
+
+def job_death(events: list[dict]) -> JobDeath | None:
+    """The end of the job whose events are ``events`` (None: it wrote nothing)."""
+    own = [e for e in events if e["kind"] not in JOB_RECORDS]
+    if not own:
+        return None
+    attempt = max(e["attempt"] for e in own)
+    step = max((e["step"] for e in own if e["kind"] == "step_end" and e["attempt"] == attempt), default=0)
+    return JobDeath(max(own, key=lambda e: e["t_wall"]), attempt, step)
+
+
+@dataclass(frozen=True)
+class JobRestart:
+    """One job's death and the next job's return (``resume=``), its bounds events on the wall clock: the two jobs
+    may run on different hosts, or across a reboot, where monotonic clocks do not compare."""
+
+    died: dict  # the old job's last event
+    died_step: int  # the furthest step of its last attempt
+    resumed: dict  # the new job's ``job_resumed`` (its process's start: ``started_t_wall``)
+    start: dict | None  # rank 0's first run_start in the new job
+    loaded: dict | None  # what that attempt loaded
+    first_step: dict | None  # rank 0's first step in the new job
+    back: dict | None  # rank 0 at the step where the old job died: the lost work replayed
+
+    @property
+    def lost_steps(self) -> int | None:
+        return None if self.start is None else max(0, self.died_step - (self.loaded["step"] if self.loaded else 0))
+
+
+def job_restarts(events: list[dict]) -> list[JobRestart]:
+    """Every resume of the run in a new job, in order."""
+    starts = [i for i, e in enumerate(events) if e["kind"] == "job_resumed"]
+    out = []
+    for n, i in enumerate(starts):
+        death = job_death(events[starts[n - 1] if n else 0:i])
+        if death is None:
+            continue
+        rank0 = [e for e in events[i:starts[n + 1] if n + 1 < len(starts) else None] if e["rank"] == 0]
+        start = first(rank0, "run_start")
+        loaded = first(rank0, "ckpt_loaded", attempt=start["attempt"]) if start else None
+        ready = loaded or start
+        back = ready if ready and (loaded["step"] if loaded else 0) >= death.step else next(
+            (e for e in rank0 if e["kind"] == "step_end" and e["step"] >= death.step), None)
+        out.append(JobRestart(death.last, death.step, events[i], start, loaded, first(rank0, "step_end"), back))
+    return out

@@ -133,6 +133,12 @@ def summarize(r: dict[str, Any]) -> str:
                      f"recovered={r['recovered']} in {_fmt(r['recovery_time_s'], ' s')} "
                      f"(detect {_fmt(b['detect'])} + restart {_fmt(b['restart'])} + load {_fmt(b['load'])} + "
                      f"replay {_fmt(b['replay'])}); lost steps {r['lost_steps']}")
+    for j in r.get("job_restarts") or []:  # resume=: the whole job died, a new one went on
+        b = j["breakdown_s"]
+        lines.append(f"  job {j['job']} resumed the run from the checkpoint of step {j['loaded_step']} (the job before "
+                     f"died at step {j['died_at_step']}; lost steps {j['lost_steps']}): back in "
+                     f"{_fmt(j['job_restart_s'], ' s')} (gap {_fmt(b['gap'])} + start-up {_fmt(b['startup'])} + "
+                     f"load {_fmt(b['load'])} + replay {_fmt(b['replay'])})")
     if r.get("unrecoverable"):
         lines.append(f"  not recoverable: {r['unrecoverable']}")
     lines.append(f"  checkpoints {r['ckpt_count']} x {_fmt(r['ckpt_bytes'], ' B')}, stall {_fmt(r['ckpt_stall_s'], ' s')}, "

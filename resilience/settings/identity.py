@@ -8,12 +8,19 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-# Where a run lives, not what it computes: two runs that differ only here train the same thing.
-_NOT_CONFIG = ("run_dir", "run_id", "checkpoint.dir", "choices")
+# Where a run lives and which of its jobs this is, not what it computes: two runs that differ only here train the
+# same thing, and every job of one run (resume=) has the same identity.
+_NOT_CONFIG = ("run_dir", "run_id", "checkpoint.dir", "choices", "resume", "job")
 
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def job_first_attempt(cfg: DictConfig) -> int:
+    """The number of this job's first attempt: a job that resumes the run (``resume=``) numbers its attempts on
+    from the jobs before it (``job.first_attempt``, set by resilience.supervise.resume); 0 for a run's first job."""
+    return int(OmegaConf.select(cfg, "job.first_attempt", default=0))
 
 
 def config_hash(cfg: DictConfig) -> str:

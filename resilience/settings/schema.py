@@ -114,6 +114,7 @@ class Experiment:
     backend: Backend = Backend.auto
     threads_per_rank: Any = "auto"  # auto | an integer >= 1 (checked once auto is resolved on the rank's node)
     log_every: int = at_least(1, 5)
+    resume: Optional[str] = None  # a run directory, or auto (resilience.supervise.resume)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     timeouts: Timeouts = field(default_factory=Timeouts)
     supervisor: Supervisor = field(default_factory=Supervisor)

@@ -22,8 +22,9 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
-from resilience.proc.orphans import adopt_orphans, kill_children, remove_torch_segments
+from resilience.proc.orphans import adopt_orphans, kill_children, kill_sessions, remove_torch_segments
 from resilience.record.events import EventLog, read_events
+from resilience.settings.identity import job_first_attempt
 from resilience.record.host_load import HostLoadSampler
 from resilience.record.memory import MemorySampler
 from resilience.record.board import create_board
@@ -65,7 +66,7 @@ class Supervisor(ABC):
     def run(self) -> str:
         """Return the outcome: "succeeded", "failed" (restart budget exhausted) or "interrupted" (SIGINT/SIGTERM;
         the ranks are stopped then, and ``interrupted_by`` names the signal)."""
-        events = EventLog(self.run_dir, rank=None, attempt=0)
+        events = EventLog(self.run_dir, rank=None, attempt=job_first_attempt(self.cfg))  # numbered on (resume=)
         create_board(self.run_dir, self.world_size)
         for det in self.detectors:  # detectors that need a device report once if there is none
             why = det.start()
@@ -97,6 +98,7 @@ class Supervisor(ABC):
             # remove: the ranks cannot, since they may die; it goes whatever the outcome.
             self.strategy.clean_up_run(self.run_dir)
             left = kill_children()
+            left.update(kill_sessions(rank_pids(self.run_dir)))
             if left:  # a finding about the library that started them: recorded, not hidden
                 events.emit("orphans_killed", processes=sorted(left.values()))
             segments = remove_torch_segments(sampler.pids | set(left) | rank_pids(self.run_dir))
