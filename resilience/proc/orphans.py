@@ -15,6 +15,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
@@ -27,21 +28,27 @@ def adopt_orphans() -> bool:
         return False
 
 
-def children(pid: int | None = None) -> dict[int, str]:
-    """Live (non-zombie) children of ``pid`` (default: this process) and their command lines."""
-    pid = os.getpid() if pid is None else pid
+def _live(keep: Callable[[int, int], bool]) -> dict[int, str]:
+    """Live (non-zombie) processes but this one whose (parent pid, session id) ``keep`` accepts, with their command
+    lines."""
     found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+            if fields[0] != "Z" and keep(int(fields[1]), int(fields[3])):
                 found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
                     errors="replace").strip()[:200]
         except (OSError, IndexError, ValueError):
             continue
     return found
+
+
+def children(pid: int | None = None) -> dict[int, str]:
+    """Live (non-zombie) children of ``pid`` (default: this process) and their command lines."""
+    pid = os.getpid() if pid is None else pid
+    return _live(lambda ppid, _session: ppid == pid)
 
 
 def kill_children(tracker_grace_s: float = 3.0) -> dict[int, str]:
@@ -66,17 +73,7 @@ def kill_sessions(sessions: set[int]) -> dict[int, str]:
     """SIGKILL every live process whose session is one of ``sessions`` (the run's rank processes each lead one):
     what a killed rank started and the subreaper did not get (seen: DLRover's forkserver, started by its saver in
     rank 0, reparented to init); pid -> command line."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) in sessions and fields[0] != "Z":  # (state, ppid, pgrp, session, ...)
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                    errors="replace").strip()[:200]
-        except (OSError, IndexError, ValueError):
-            continue
+    found = _live(lambda _ppid, session: session in sessions)
     for pid in found:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
