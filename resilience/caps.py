@@ -89,6 +89,7 @@ class PolicyCaps(Caps):
 @dataclass(frozen=True, kw_only=True)
 class WorkloadCaps(Caps):
     sparse_gradients: bool = False  # some parameters have sparse gradients (embedding tables with sparse=True)
+    reads_tokens: bool = False  # it trains on token windows of a text file (train.data=loader)
 
 
 # A role's name is its option's name: written once, as the YAML file's and the module's name.

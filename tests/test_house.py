@@ -28,7 +28,7 @@ PACKAGES = ("resilience", "injectors", "reports")
 # (what a user runs) are the top floor; nothing beneath imports them.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("resilience.settings", "resilience.caps", "resilience.compat", "resilience.proc", "resilience.state",
-                "resilience.record", "resilience.workloads")),
+                "resilience.record", "resilience.workloads", "resilience.data")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "resilience.parallel",
                "resilience.libs", "injectors")),

@@ -40,7 +40,8 @@ def snapshot_state(state: TrainState) -> dict[str, Any]:
 
 
 def native_state(state: TrainState) -> dict[str, Any]:
-    return {"model": state.model.state_dict(), "optim": state.optimizer.state_dict()}
+    """Model and optimizer, natively, and the job's other parts (bytes: the skeleton keeps them)."""
+    return {"model": state.model.state_dict(), "optim": state.optimizer.state_dict(), **state.parts.state_dict()}
 
 
 def tensor_leaves(obj: Any, key: str = "") -> dict[str, torch.Tensor]:
@@ -139,6 +140,7 @@ def restore(state: TrainState, restored: dict[str, Any]) -> None:
     if not all(local_part(t).data_ptr() in owned for t in tensor_leaves(restored["model"]).values()):
         state.model.load_state_dict(restored["model"])
     state.optimizer.load_state_dict(restored["optim"])
+    state.parts.load_state_dict(restored)
 
 
 def _as_sharded(restored: Any, live: dict[str, torch.Tensor], key: str = "") -> Any:

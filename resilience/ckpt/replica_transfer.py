@@ -140,6 +140,7 @@ def recv_state(state: TrainState, src: int, device: torch.device) -> int:
     else:
         _bare(state).load_state_dict(loaded["model"])
         state.optimizer.load_state_dict(loaded["optim"])
+    state.parts.load_state_dict(loaded)
     return sum(_nbytes(s) for s in slots)
 
 

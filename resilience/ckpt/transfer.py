@@ -69,9 +69,11 @@ def reconcile(state: TrainState, position: int | None, device: torch.device) -> 
 
 
 def replica_state(state: TrainState) -> dict[str, Any]:
-    """The model's and the optimizer's own state dicts: all a replica needs, and cheaper than DCP's form (no
-    torch.distributed.checkpoint import, which would add ~0.5 s to a replacement's start)."""
-    return {"model": _bare(state).state_dict(), "optim": state.optimizer.state_dict()}
+    """The model's and the optimizer's own state dicts, cheaper than DCP's form (no torch.distributed.checkpoint
+    import, which would add ~0.5 s to a replacement's start), and the job's other parts. The sender's per-rank
+    parts travel too, but a receiver loads only its own rank's (``JobParts``): a replacement's RNG and data position
+    are not the sender's to give, and the run's ``state_parts`` says it lost them."""
+    return {"model": _bare(state).state_dict(), "optim": state.optimizer.state_dict(), **state.parts.state_dict()}
 
 
 def _bare(state: TrainState) -> torch.nn.Module:
@@ -113,6 +115,7 @@ def recv_state(state: TrainState, src: int, device: torch.device) -> int:
     received = _fill(box[0], fill)
     _bare(state).load_state_dict(received["model"])
     state.optimizer.load_state_dict(received["optim"])
+    state.parts.load_state_dict(received)
     return nbytes
 
 

@@ -5,12 +5,14 @@ One attempt on one rank:
 1. ``strategy.load`` restores the newest good checkpoint (or none: start at step 0);
 2. for each step from there:
    ``strategy.before_step`` (``replica`` at reduced width takes the replacement in) -> ``control.begin`` (the
-   step's position) -> ``fault_hook("before_forward")`` -> beat -> batch -> forward ->
-   beat -> backward (DDP all-reduces the gradients) -> beat -> ``fault_hook("before_optimizer_step")`` ->
-   ``detectors.on_backward`` -> ``control.commit`` (the optimizer step) -> beat -> ``step_end`` event ->
-   ``detectors.on_step_end`` -> ``strategy.save`` (beating ``CKPT_IO`` around it; it calls
+   step's position) -> ``fault_hook("before_forward")`` -> beat -> for each micro-batch (``recipe``: the
+   ``train`` settings): batch -> forward -> beat -> backward (DDP all-reduces the gradients) -> beat ->
+   ``fault_hook("before_optimizer_step")`` -> ``detectors.on_backward`` -> ``recipe.before_commit`` (unscale,
+   clip) -> ``control.commit`` (the optimizer step) -> ``recipe.after_commit`` (LR schedule, counters, the
+   ledger of samples) -> beat -> ``step_end`` event -> ``detectors.on_step_end`` -> at a checkpoint step the
+   parts' hashes (train=real) -> ``strategy.save`` (beating ``CKPT_IO`` around it; it calls
    ``fault_hook("during_checkpoint")`` inside the write);
-3. ``strategy.wait`` until every save is durable, then the final state hash goes into ``run_end``.
+3. ``strategy.wait`` until every save is durable, then the parts' hashes and the final state hash (``run_end``).
 
 When a step raises a ``RuntimeError`` (a collective failed: a peer died), ``strategy.recover`` either recovers in
 place and names the step to go on from (``replica``), or re-raises and this process fails (every other strategy).
@@ -30,7 +32,6 @@ from __future__ import annotations
 import resource
 import time
 
-import torch
 from omegaconf import DictConfig
 
 from resilience.rank.detectors import RankDetectors
@@ -38,10 +39,11 @@ from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime.rank import RankRuntime
 from resilience.settings.identity import job_first_attempt
-from resilience.state.train import TrainState, state_sha256
+from resilience.rank.recipe import Recipe
+from resilience.state.train import TrainState, part_hashes, state_sha256
 from resilience.strategies.base import CheckpointStrategy
 from resilience.runtime.step import OwnsStep, StepControl
-from resilience.workloads.base import Workload, stream_seed
+from resilience.workloads.base import Workload
 
 
 class Trainer:
@@ -51,8 +53,14 @@ class Trainer:
                  strategy: CheckpointStrategy, detectors: RankDetectors, beater: Beater) -> None:
         self.cfg, self.rt, self.workload, self.state, self.strategy = cfg, rt, workload, state, strategy
         self.detectors, self.beater = detectors, beater
-        self.control = strategy.step_control(state) if isinstance(strategy, OwnsStep) else StepControl(
-            state.optimizer)
+        owns = isinstance(strategy, OwnsStep)
+        control = strategy.step_control(state) if owns else None  # it may build the optimizer anew
+        self.recipe = Recipe(cfg, rt, workload, state)
+        if owns and self.recipe.scaler is not None:
+            raise ValueError(f"train.precision=fp16: strategy={strategy.option} applies the optimizer step itself, "
+                             f"without the gradient scaler; use train.precision=bf16 or fp32")
+        self.control = control or StepControl(state.optimizer, self.recipe.scaler)
+        self.every = int(cfg.checkpoint.every)
         self.steps = int(cfg.steps)
         self.log_every = int(cfg.log_every)
         # Where the previous attempt was hit: reaching it again marks the end of the recovery.
@@ -67,6 +75,8 @@ class Trainer:
         if rt.rank == 0 and rt.attempt == job_first_attempt(self.cfg) > 0:  # a new job goes on with the run (resume=)
             print(f"resumed from step {start}", flush=True)
         self._check_resumed(start)
+        if start > 0:
+            self._hash_parts(start, "loaded")
         last_t, last_step = time.monotonic(), start
         step = start
         while step < self.steps:
@@ -80,6 +90,7 @@ class Trainer:
             except RuntimeError as exc:  # a collective failed (torch's DistError is a RuntimeError): a peer died
                 step = self.strategy.recover(self.state, self.position, exc)
                 ev.step = step
+                self._hash_parts(step, "recovered")
                 continue
             if loss_value is None:
                 continue  # the step was dropped: train it again
@@ -92,6 +103,8 @@ class Trainer:
                 last_t, last_step = now, step
         self.beater.beat(self.steps, FINISHED)
         self.strategy.wait()
+        self.recipe.close()
+        self._hash_parts(self.steps, "end")
         digest = state_sha256(self.state.full_state_dict())
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
         ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
@@ -104,18 +117,22 @@ class Trainer:
         t0 = time.monotonic()
         rt.fault_hook("before_forward", step)
         self.beater.beat(step, STEP_START)
-        loss = self._forward_backward(step)
+        loss, ids = self.recipe.forward_backward(step, lambda: self.beater.beat(step, FORWARD_DONE))
         self.beater.beat(step, BACKWARD_DONE)
         rt.fault_hook("before_optimizer_step", step)
         loss_value = loss.item()
         self.detectors.on_backward(step, loss_value)
+        self.recipe.before_commit()
         if not self.control.commit():
             return None
+        self.recipe.after_commit(step, ids)
         self.position = step + 1
         self.beater.beat(step, STEP_DONE)
         ev.step = step + 1
         ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)
         self.detectors.on_step_end(step)
+        if (step + 1) % self.every == 0 and step + 1 < self.steps:
+            self._hash_parts(step + 1, "checkpoint step")
         if self.strategy.due(step + 1, self.steps):
             self.beater.beat(step, CKPT_IO)  # a slow save is not a hang: the longer deadline applies
             self.strategy.save(step + 1, self.steps, self.state)
@@ -123,14 +140,10 @@ class Trainer:
         self._check_resumed(step + 1)
         return loss_value
 
-    def _forward_backward(self, step: int) -> torch.Tensor:
-        # Re-seed the global generator from the step: anything stochastic replays identically after a restart.
-        torch.manual_seed(stream_seed(self.workload.seed, step, self.rt.rank, "rng"))
-        batch = self.workload.batch(step, self.rt.rank, self.rt.device)
-        loss = self.workload.loss(self.state.model, batch)
-        self.beater.beat(step, FORWARD_DONE)
-        loss.backward()
-        return loss
+    def _hash_parts(self, position: int, why: str) -> None:
+        """The real loop's checked points (train=real): each part's hash, for the run's ``state_parts``."""
+        if self.state.parts:
+            self.rt.events.emit("parts_hashed", step=position, parts=part_hashes(self.state), why=why)
 
     def _check_resumed(self, position: int) -> None:
         if self.resume_at is not None and position >= self.resume_at:

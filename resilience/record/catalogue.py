@@ -103,6 +103,8 @@ _RANK: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("recovery_requested", ("reaction", "detector", "rollback_to"), "a detection asks the supervisor for a restart"),
     ("rank_error", ("error",), "the rank fails with this exception"),
     ("run_end", ("final_state_sha256", "peak_rss_mb"), "the rank trained every step; the hash of its final state"),
+    ("parts_hashed", ("parts", "why"), "train=real: the SHA-256 of each part of the job's state at `step` (`why`: "
+     "checkpoint step, loaded, recovered or end), compared with the fault-free run's at the same step"),
 )
 _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ckpt_begin", (), "a checkpoint is due: training stops for it (the stall begins)"),

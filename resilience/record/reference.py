@@ -38,6 +38,16 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+def data_fingerprint(cfg: DictConfig) -> str | None:
+    """The token file's SHA-256 where the run reads one (train.data=loader): it is built from this machine's Python
+    sources, which differ between Python versions."""
+    if "train" not in cfg or str(cfg.train.data) != "loader":
+        return None
+    from resilience.data.tokens import prepare_tokens, token_info
+
+    return str(token_info(prepare_tokens(Path(str(cfg.train.loader.dir))))["sha256"])
+
+
 def training_key(cfg: DictConfig, torch_version: str | None) -> str:
     """What determines the final state of a fault-free run, hashed: the index's file name."""
     facts = {
@@ -46,6 +56,8 @@ def training_key(cfg: DictConfig, torch_version: str | None) -> str:
         "seed": int(cfg.seed), "steps": int(cfg.steps), "world_size": int(cfg.world_size),
         "device": str(cfg.device), "backend": str(cfg.backend), "threads_per_rank": int(cfg.threads_per_rank),
         "torch": torch_version, "machine": platform.machine(), "code": code_fingerprint(),
+        "train": OmegaConf.to_container(cfg.train, resolve=True) if "train" in cfg else None,
+        "data": data_fingerprint(cfg),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -106,16 +118,18 @@ def said(v: dict[str, Any]) -> str:
 
 
 # what a reference run keeps of the checked run's command line: the settings that shape the training
-TRAINING_KEYS = ("workload", "parallel", "seed", "steps", "world_size", "device", "backend", "threads_per_rank")
+TRAINING_KEYS = ("workload", "parallel", "seed", "steps", "world_size", "device", "backend", "threads_per_rank",
+                 "train", "checkpoint.every")  # checkpoint.every: where the real loop hashes its parts
 
 
 def reference_overrides(overrides: list[str], index: Path) -> list[str]:
     """The command line of the checked run's reference: its training settings, no checkpoint, no fault; it records
     itself in the same ``index``."""
-    def key(override: str) -> str:
-        return override.split("=", 1)[0].lstrip("+~").split(".", 1)[0]
+    def kept_key(override: str) -> bool:
+        name = override.split("=", 1)[0].lstrip("+~")
+        return name.split(".", 1)[0] in TRAINING_KEYS or name in TRAINING_KEYS
 
-    kept = [o for o in overrides if key(o) in TRAINING_KEYS]
+    kept = [o for o in overrides if kept_key(o)]
     return [*kept, f"strategy={REFERENCE_STRATEGY}", "fault=none", "detector=[process_exit]",
             f"reference.index='{index}'"]
 

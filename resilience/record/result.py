@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from resilience.record import environment
 from resilience.record.events import read_events
+from resilience.record.job_state import job_state_verdict, lost_parts
 from resilience.record.fsio import atomic_write_json
 from resilience.record.metrics import compute_result
 from resilience.record.reference import said
@@ -106,8 +107,12 @@ def write_result(run_dir: str | Path, judge: Callable[[dict[str, Any]], dict[str
     events = read_events(run_dir)
     result = compute_result(events, run_identity(run_dir))
     result["provenance"] = provenance(run_dir, events)
-    result["reference"] = judge(result) if judge else _previous(run_dir).get("reference") or {
+    previous = {} if judge else _previous(run_dir)
+    result["reference"] = judge(result) if judge else previous.get("reference") or {
         "matches": None, "why": "not judged (result recomputed from the event log)"}
+    reference_dir = result["reference"].get("run_dir")
+    result.update(job_state_verdict(run_dir, Path(reference_dir) if reference_dir else None) if judge else
+                  {k: previous.get(k) for k in ("state_parts", "ledger")})
     atomic_write_json(run_dir / RESULT_FILE, result)
     return result
 
@@ -133,6 +138,10 @@ def summarize(r: dict[str, Any]) -> str:
                      f"recovered={r['recovered']} in {_fmt(r['recovery_time_s'], ' s')} "
                      f"(detect {_fmt(b['detect'])} + restart {_fmt(b['restart'])} + load {_fmt(b['load'])} + "
                      f"replay {_fmt(b['replay'])}); lost steps {r['lost_steps']}")
+    if r.get("faults_injected", 0) > 1:  # a schedule of faults (fault.at_step=[...]): the line above is the first's
+        each = ", ".join(f"step {f['step']} {f['phase']} ({'recovered' if f['recovered'] else 'not recovered'})"
+                         for f in r["faults"])
+        lines.append(f"  {r['faults_injected']} faults, {r['recoveries']} recovered: {each}")
     for j in r.get("job_restarts") or []:  # resume=: the whole job died, a new one went on
         b = j["breakdown_s"]
         lines.append(f"  job {j['job']} resumed the run from the checkpoint of step {j['loaded_step']} (the job before "
@@ -147,6 +156,14 @@ def summarize(r: dict[str, Any]) -> str:
     lines.append(f"  final_state_sha256 {r['final_state_sha256']}")
     if r.get("reference"):
         lines.append(said(r["reference"]))
+    if r.get("state_parts"):
+        lost = lost_parts(r)
+        lines.append(f"  parts of the job's state restored: {'every one' if not lost else 'NOT ' + ', '.join(lost)}"
+                     f" ({', '.join(r['state_parts'])})")
+    if r.get("ledger"):
+        once = r["ledger"]["exactly_once"]
+        lines.append(f"  samples trained on: {'exactly once' if once else 'NOT exactly once'}, as in the fault-free "
+                     f"run ({', '.join(f'{k} {v}' for k, v in r['ledger'].items() if k != 'exactly_once')})")
     p = r.get("provenance") or {}
     if p:
         lines.append(f"  started {p['started']} on {p['host']}; commit {p['git_commit']}"

@@ -18,8 +18,8 @@ from resilience.state.train import TrainState
 class StepControl:
     """The plain step: every step trains from where the loop is, and is applied."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = optimizer
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+        self.optimizer, self.scaler = optimizer, scaler  # fp16: the scaler steps (or skips) and updates its scale
 
     def begin(self, position: int) -> int:
         """Before the forward pass: return the position (optimizer steps applied) this step trains from."""
@@ -28,7 +28,11 @@ class StepControl:
     def commit(self) -> bool:
         """After the backward pass: apply the step and clear the gradients; False: the step was dropped (the state
         is unchanged and the loop trains from ``begin`` again)."""
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # a step whose gradients overflowed is skipped, and still counts: the scale shrinks instead
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return True
 

@@ -96,6 +96,50 @@ class Reference:
     index: str = "results/references"
 
 
+class Rng(str, Enum):
+    reseed = "reseed"
+    carried = "carried"
+
+
+class LrSchedule(str, Enum):
+    constant = "constant"
+    warmup_cosine = "warmup_cosine"
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Data(str, Enum):
+    synthetic = "synthetic"
+    loader = "loader"
+
+
+@dataclass
+class Loader:
+    samples: int = at_least(1, 256)
+    workers: int = at_least(0, 2)
+    shuffle: bool = True
+    dir: str = "data"
+
+
+@dataclass
+class Train:
+    """The training loop (conf/train/*.yaml): resilience.rank.loop builds the job's parts from it."""
+
+    rng: Rng = Rng.reseed
+    lr_schedule: LrSchedule = LrSchedule.constant
+    warmup_steps: int = at_least(0, 0)
+    min_lr_ratio: Number = at_least(0, 0.1)
+    grad_accum: int = at_least(1, 1)
+    clip_norm: Optional[float] = None
+    precision: Precision = Precision.fp32
+    data: Data = Data.synthetic
+    loader: Loader = field(default_factory=Loader)
+
+
 @dataclass
 class Experiment:
     """Defaults here only fill what config.yaml leaves out; config.yaml's values are the ones that count."""
@@ -116,6 +160,7 @@ class Experiment:
     log_every: int = at_least(1, 5)
     resume: Optional[str] = None  # a run directory, or auto (resilience.supervise.resume)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    train: Train = field(default_factory=Train)
     timeouts: Timeouts = field(default_factory=Timeouts)
     supervisor: Supervisor = field(default_factory=Supervisor)
     validity: Validity = field(default_factory=Validity)
@@ -146,6 +191,10 @@ def allowed(key: str) -> str:
         return f"must be one of {', '.join(m.value for m in kind)}"
     if kind is int:
         return f"must be an integer {bound}".rstrip()
+    if kind is bool:
+        return "must be true or false"
+    if kind is Optional[float]:
+        return "must be a number, or null"
     if kind is Optional[str]:
         return "must be a path, or null for the default"
     return f"must be a number {bound}".rstrip()

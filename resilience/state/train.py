@@ -6,22 +6,27 @@ import copy
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import torch
 from torch import nn
 
+from resilience.state.parts import MODEL, OPTIMIZER, JobParts
+
 
 @dataclass
 class TrainState:
-    """Model and optimizer of one rank; the data position is the step alone, so nothing else is needed."""
+    """Model and optimizer of one rank, and the job's other parts (``JobParts``: LR schedule, RNG, data loader,
+    scaler, counters; none in the replayable loop, where the data position is the step alone)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    parts: JobParts = field(default_factory=lambda: JobParts(0))
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"model": ..., "optim": ...}`` keyed by fully qualified parameter names (loadable with plain DCP).
+    def state_dict(self, parts: Iterable[str] | None = None) -> dict[str, Any]:
+        """``{"model": ..., "optim": ..., "job": ..., "rank": ...}`` keyed by fully qualified parameter names
+        (loadable with plain DCP); ``parts``: the other parts to hold (None: all of them).
 
         Only call this once the optimizer has state (after a step) or right before loading: on a fresh optimizer
         PyTorch initialises the state with a zero-learning-rate step, which would advance Adam's step count.
@@ -29,25 +34,28 @@ class TrainState:
         from torch.distributed.checkpoint.state_dict import get_state_dict  # ~0.5 s to import: only when used
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
+        return {"model": model_sd, "optim": optim_sd, **self.parts.state_dict(parts)}
 
     def full_state_dict(self) -> dict[str, Any]:
-        """The global state, gathered on every rank where the model is sharded (``parallel=fsdp``): what the final
-        hash covers, so that it does not depend on how the state is cut. Unsharded: ``state_dict()`` itself."""
+        """The global state, gathered on every rank where the model is sharded (``parallel=fsdp``), with the
+        job-wide parts (not the per-rank ones, which differ between ranks): what the final hash covers, so that it
+        does not depend on how the state is cut. Unsharded: ``state_dict()`` without the per-rank parts."""
         from torch.distributed.tensor import DTensor
 
+        job = self.parts.state_dict(self.parts.job)  # {"job": ...}, or {} without job-wide parts
         if not any(isinstance(p, DTensor) for p in self.model.parameters()):
-            return self.state_dict()
+            return {**self.state_dict(parts=()), **job}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
                                             options=StateDictOptions(full_state_dict=True))
-        return {"model": model_sd, "optim": optim_sd}
+        return {"model": model_sd, "optim": optim_sd, **job}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        self.parts.load_state_dict(sd)
 
 
 class RestorePoint:
@@ -63,12 +71,21 @@ class RestorePoint:
         optim = self.optimizer = state.optimizer
         self.state = {p: map_tensors(lambda t: t.detach().clone(), dict(s)) for p, s in optim.state.items()}
         self.groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optim.param_groups]
+        self.job_parts, self.parts = state.parts, state.parts.state_dict()  # small: LR schedule, RNG, loader
 
     def restore(self) -> None:
         self.optimizer.state.clear()  # a fresh optimizer stays fresh
         self.optimizer.state.update({p: dict(s) for p, s in self.state.items()})
         for group, saved in zip(self.optimizer.param_groups, self.groups):
             group.update(saved)
+        self.job_parts.load_state_dict(self.parts)
+
+
+def part_hashes(state: TrainState) -> dict[str, str]:
+    """SHA-256 of each named part: model and optimizer (whole, however sharded), then the job's other parts."""
+    full = state.full_state_dict()
+    return {MODEL: state_sha256({"model": full["model"]}), OPTIMIZER: state_sha256({"optim": full["optim"]}),
+            **state.parts.hashes()}
 
 
 def state_sha256(sd: dict[str, Any]) -> str:
@@ -80,6 +97,8 @@ def state_sha256(sd: dict[str, Any]) -> str:
             t = value.detach().cpu().contiguous()
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, bytes):  # a job part (resilience.state.parts)
+            h.update(value)
         else:
             h.update(json.dumps(value, sort_keys=True, default=str).encode())
     return h.hexdigest()

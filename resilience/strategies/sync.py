@@ -14,6 +14,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader, 
 
 from resilience.caps import StrategyCaps
 from resilience.runtime.rank import PhaseHook, RankRuntime
+from resilience.state.parts import require_parts
 from resilience.state.train import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.checksum import ChecksumFileSystem
@@ -53,9 +54,17 @@ class HookedWriter(FileSystemWriter):
 
 
 class SyncCheckpoint(CheckpointStrategy):
-    # DCP writes each rank's DTensor shards through the checkpoint file system and reshards them on load
+    # DCP writes each rank's DTensor shards through the checkpoint file system and reshards them on load; a negative
+    # control is no technique of any family (the report's choices never include it)
     caps = StrategyCaps(family="blocking", writes_through_checkpoint_fs=True, shards_state=True,
-                        reshards_on_load=True)
+                        reshards_on_load=True, when={"negative_control=True": {"family": None}})
+
+    def __init__(self, every: int, keep: int, parts: Any = "all", negative_control: bool = False) -> None:
+        super().__init__(every, keep)
+        # the job's parts it saves besides model and optimizer: all, or the listed ones (the negative controls
+        # sync_model_only and sync_no_rng save fewer, as many hand-rolled loops do: the check must catch it)
+        self.parts = None if parts == "all" else require_parts("strategy.parts", parts)
+        self.caps = self.caps.under(negative_control=negative_control)
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
@@ -70,7 +79,7 @@ class SyncCheckpoint(CheckpointStrategy):
         dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
         path = self.dirs.path_for(step)
         try:
-            dcp.save(state.state_dict(), storage_writer=HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs))
+            dcp.save(state.state_dict(self.parts), storage_writer=HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs))
         except (OSError, CheckpointException) as exc:
             # DCP gathers every rank's write result, so all ranks see a disk failure and none commits: the
             # checkpoint is lost, not corrupt, and training goes on. (A peer's death is not caught here: the
@@ -99,7 +108,7 @@ class SyncCheckpoint(CheckpointStrategy):
         """The newest checkpoint whose every file that a rank reads passes its CRC32 on that rank, read once
         (``verified``)."""
         while (entry := self.agreed_entry(checksums=False)) is not None:
-            sd = state.state_dict()
+            sd = state.state_dict(self.parts)
             buffers = self._read_verified(entry, sd)
             if buffers is not None:
                 reader = FileSystemReader(entry.path)

@@ -21,6 +21,7 @@ class Workload(ABC):
     """A model, its optimizer and its data; the batch for (step, rank) is a pure function of (seed, step, rank)."""
 
     caps = WorkloadCaps()
+    tokens_per_sample = 0  # what the job's token counter adds per sample (a sequence model: its length)
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

@@ -6,16 +6,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resilience.caps import WorkloadCaps
 from resilience.settings.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
 
 
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: causal self-attention, then an MLP. No dropout: steps must be replayable."""
+def dropout(p: float) -> nn.Module:
+    # p = 0 builds no dropout at all: not even a draw from the RNG, so the replayable loop's states stay as they were
+    return nn.Dropout(p) if p > 0 else nn.Identity()
 
-    def __init__(self, d_model: int, n_head: int) -> None:
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: causal self-attention, then an MLP, each with dropout on its output (a
+    real loop's RNG state is then real state: train=real)."""
+
+    def __init__(self, d_model: int, n_head: int, p_drop: float = 0.0) -> None:
         super().__init__()
         self.n_head = n_head
+        self.drop = dropout(p_drop)
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -27,29 +35,34 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, d_model: int, n_layer: int, n_head: int, seq_len: int) -> None:
+    def __init__(self, vocab: int, d_model: int, n_layer: int, n_head: int, seq_len: int,
+                 p_drop: float = 0.0) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.drop = dropout(p_drop)
+        self.blocks = nn.ModuleList(Block(d_model, n_head, p_drop) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.tok(idx) + self.pos(pos)
+        x = self.drop(self.tok(idx) + self.pos(pos))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
 
 
 class GPTWorkload(Workload):
-    """Next-token prediction on a stream drawn from a seed-fixed Markov chain, so the loss really falls."""
+    """Next-token prediction on a stream drawn from a seed-fixed Markov chain, so the loss really falls; or on
+    bytes of text through a data loader (``train.data=loader``: a byte is a token, so vocab must be >= 256)."""
+
+    caps = WorkloadCaps(reads_tokens=True)
 
     def __init__(
         self,
@@ -63,6 +76,7 @@ class GPTWorkload(Workload):
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         follow_prob: float = 0.8,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__(seed)
         for field, value in (("vocab", vocab), ("d_model", d_model), ("n_layer", n_layer), ("n_head", n_head),
@@ -72,8 +86,12 @@ class GPTWorkload(Workload):
             raise ValueError(f"workload.d_model={d_model}: must be divisible by workload.n_head={n_head}")
         if not 0.0 <= follow_prob <= 1.0:
             raise ValueError(f"workload.follow_prob={follow_prob}: must be in [0, 1]")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"workload.dropout={dropout}: must be in [0, 1)")
+        self.dropout = dropout
         self.vocab, self.d_model, self.n_layer, self.n_head = vocab, d_model, n_layer, n_head
         self.seq_len, self.batch_size = seq_len, batch_size
+        self.tokens_per_sample = seq_len
         self.lr, self.weight_decay, self.follow_prob = lr, weight_decay, follow_prob
         g = torch.Generator().manual_seed(stream_seed(seed, "chain"))
         self._next = torch.randperm(vocab, generator=g)  # the chain the model can learn
@@ -82,7 +100,7 @@ class GPTWorkload(Workload):
         # Initialise under a private seed and restore the global generator: the run's RNG stays untouched.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(stream_seed(self.seed, "init"))
-            return GPT(self.vocab, self.d_model, self.n_layer, self.n_head, self.seq_len)
+            return GPT(self.vocab, self.d_model, self.n_layer, self.n_head, self.seq_len, self.dropout)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         # foreach=False: the per-tensor loop is the reference implementation, identical on every device count.
