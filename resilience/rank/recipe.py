@@ -62,7 +62,8 @@ class Recipe:
         if str(t.lr_schedule) == "warmup_cosine":
             shape = WarmupCosine(int(t.warmup_steps), int(cfg.steps), float(t.min_lr_ratio))
             job["lr_scheduler"] = torch.optim.lr_scheduler.LambdaLR(state.optimizer, shape)
-        self.scaler = torch.amp.GradScaler(rt.device.type) if precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler(rt.device.type, init_scale=float(t.fp16_init_scale)) \
+            if precision == "fp16" else None
         if self.scaler is not None:
             job["scaler"] = self.scaler
         self.data = self.ledger = None
@@ -132,6 +133,14 @@ class Recipe:
             self.counters.advance(samples, samples * self.workload.tokens_per_sample, epoch)
         if self.ledger is not None and ids is not None:
             self.ledger.record(step + 1, ids)
+
+    def step_facts(self) -> dict[str, float]:
+        """What the ``step_end`` event adds: the learning rate applied next, and fp16's loss scale (it halves at a
+        step whose gradients overflowed: that step was skipped)."""
+        facts = {"lr": self.state.optimizer.param_groups[0]["lr"]} if "lr_scheduler" in self.state.parts.job else {}
+        if self.scaler is not None:
+            facts["loss_scale"] = float(self.scaler.get_scale())
+        return facts
 
     def close(self) -> None:
         if self.ledger is not None:

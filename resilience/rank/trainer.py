@@ -129,7 +129,7 @@ class Trainer:
         self.position = step + 1
         self.beater.beat(step, STEP_DONE)
         ev.step = step + 1
-        ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0)
+        ev.emit("step_end", loss=loss_value, duration_s=time.monotonic() - t0, **self.recipe.step_facts())
         self.detectors.on_step_end(step)
         if (step + 1) % self.every == 0 and step + 1 < self.steps:
             self._hash_parts(step + 1, "checkpoint step")

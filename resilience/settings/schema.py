@@ -136,6 +136,7 @@ class Train:
     grad_accum: int = at_least(1, 1)
     clip_norm: Optional[float] = None
     precision: Precision = Precision.fp32
+    fp16_init_scale: Number = above(0, 65536.0)
     data: Data = Data.synthetic
     loader: Loader = field(default_factory=Loader)
 

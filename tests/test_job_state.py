@@ -1,0 +1,70 @@
+"""The whole job's state (train=real): every part restored after a kill is named exact, and a strategy that drops
+parts is named for each part it lost, from the first step that differs (issue "whole job state")."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_experiment
+from resilience.state.parts import Counters, JobParts, require_parts
+
+pytestmark = pytest.mark.slow
+
+# gpt_tiny with dropout: the RNG streams decide the masks, so a lost RNG shows
+LOOP = ("train=real", "train.data=synthetic", "workload.dropout=0.1", "reference.check=run")
+REAL = (*LOOP, "steps=12")
+
+
+def lost(result: dict) -> dict[str, int]:
+    return {p: v["first_diff_step"] for p, v in result["state_parts"].items() if v["exact"] is False}
+
+
+def test_sync_restores_every_part_and_ends_on_the_fault_free_state(tmp_path):
+    r = run_experiment(tmp_path / "sync", *REAL, "strategy=sync", "fault=kill", "fault.at_step=7")
+    assert r["status"] == "ok" and r["attempts"] == 2
+    assert r["reference"]["matches"] is True
+    assert set(r["state_parts"]) == {"model", "optimizer", "lr_scheduler", "rng", "train_state"}
+    assert lost(r) == {} and all(v["checked_points"] > 0 for v in r["state_parts"].values())
+
+
+@pytest.mark.parametrize("control, must_lose", [
+    ("sync_model_only", {"lr_scheduler", "rng", "train_state", "model", "optimizer"}),
+    ("sync_no_rng", {"rng", "model", "optimizer"}),
+])
+def test_the_negative_controls_are_named_not_exact_with_the_parts_they_lose(tmp_path, control, must_lose):
+    r = run_experiment(tmp_path / control, *REAL, f"strategy={control}", "fault=kill", "fault.at_step=7")
+    assert r["status"] == "ok" and r["reference"]["matches"] is False
+    assert set(lost(r)) == must_lose
+    # the load at step 5 is the first checked point after the kill: the parts not saved differ from there on
+    assert all(lost(r)[p] == 5 for p in must_lose - {"model", "optimizer"})
+    assert set(r["state_parts"]) - must_lose <= {"lr_scheduler", "train_state"}  # what sync_no_rng keeps is exact
+
+
+def test_fp16_a_kill_after_steps_the_scaler_skipped_recovers_exact(tmp_path):
+    """A loss scale of 2^24 overflows the fp16 gradients of the first steps: the scaler skips them and halves
+    its scale. The kill at step 4 reloads step 2, whose scaler state must come back (a fresh scaler would skip
+    steps again and train on)."""
+    r = run_experiment(tmp_path / "fp16", *LOOP, "train.precision=fp16", "train.fp16_init_scale=16777216",
+                       "checkpoint.every=2", "steps=6", "strategy=sync", "fault=kill", "fault.at_step=4")
+    assert r["status"] == "ok" and r["reference"]["matches"] is True and lost(r) == {}
+    assert "scaler" in r["state_parts"]
+
+
+def test_the_parts_travel_as_bytes_and_load_back_into_their_rank_only():
+    sent = JobParts(0, job={"train_state": Counters()}, per_rank={"dataloader": Counters()})
+    sent.job["train_state"].advance(8, 512, 1)
+    sent.per_rank["dataloader"].advance(4, 256, 1)
+    sd = sent.state_dict()
+    assert set(sd) == {"job", "rank"} and isinstance(sd["rank"]["0"]["dataloader"], bytes)
+    other = JobParts(1, job={"train_state": Counters()}, per_rank={"dataloader": Counters()})
+    other.load_state_dict(sd)  # the job-wide part is everyone's; rank 0's own part is not rank 1's to take
+    assert other.job["train_state"].samples == 8 and other.per_rank["dataloader"].samples == 0
+    same = JobParts(0, job={"train_state": Counters()}, per_rank={"dataloader": Counters()})
+    same.load_state_dict(sd)
+    assert same.hashes() == sent.hashes()
+
+
+def test_a_strategy_names_only_parts_there_are():
+    assert require_parts("strategy.parts", ["rng", "dataloader"]) == ("rng", "dataloader")
+    with pytest.raises(ValueError, match=r"strategy.parts=\['rngs'\]: must be all, or a list of the parts"):
+        require_parts("strategy.parts", ["rngs"])
