@@ -1,4 +1,4 @@
-"""The table of which roles go together (resilience/compat.py): every rule holds over every combination of the
+"""The table of which roles go together (resilience/compat/): every rule holds over every combination of the
 options in conf/ that it reads, its hints name only what the table allows, and docs/compatibility.md is the table."""
 
 from __future__ import annotations

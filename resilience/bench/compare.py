@@ -29,18 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from resilience import compat
+from resilience.bench import lineup
 from resilience.proc import child
 from resilience.bench.probe import load_limits
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: resilience/bench/compare.py
-STRATEGIES = ("sync", "async", "dcp_async", "inmemory", "replica", "replica_spare")
-# --peers: the libraries beside ours (docs/peers.md), with the technique family each is compared in.
-PEERS = ("dcp_async_staged", "dcp_async_process", "dcp_async_staged_process", "torchsnapshot", "nvrx_async",
-         "nvrx_async_dcp", "dlrover_flash")
-ASYNC_LIBRARIES = ("dcp_async", "dcp_async_staged", "dcp_async_process", "dcp_async_staged_process", "torchsnapshot",
-                   "nvrx_async", "nvrx_async_dcp")
-# Rows that are a strategy with extra settings: name -> (conf/strategy option, overrides).
-VARIANTS = {"replica_spare": ("replica", ["supervisor.spares=1"])}
 
 
 @dataclass(frozen=True)
@@ -63,7 +56,7 @@ PLANS = {
 def run_one(run_dir: Path, workload: str, strategy: str, plan: Plan, kill: bool,
             detectors: str = "process_exit", keep_checkpoints: bool = False, resume: bool = False) -> dict[str, Any]:
     """One experiment as a subprocess (own process group, killed on timeout); its result."""
-    strategy, extra = VARIANTS.get(strategy, (strategy, []))
+    strategy, extra = lineup.with_a_spare().get(strategy, (strategy, []))  # a row with extra settings
     phase = "during_checkpoint" if compat.options("strategy")[strategy].caps.saves else "before_forward"
     fault = (["fault=kill", "fault.rank=1", f"fault.at_step={plan.fault_step}", f"fault.phase={phase}"]
              if kill else ["fault=none"])
@@ -186,7 +179,9 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
     if sync.get("write_pct_of_disk") is not None:
         check("sync durable write bandwidth >= 70% of probed disk write", sync["write_pct_of_disk"] >= 70,
               f"{sync['write_GBps']:.2f} GB/s vs {limits['write_GBps']:.2f} GB/s = {sync['write_pct_of_disk']:.0f}%")
-    libs = {n: by[n] for n in ASYNC_LIBRARIES if by.get(n, {}).get("stall_s") is not None}
+    family = compat.options("strategy")["async"].caps.family  # the libraries async is compared with: its family's
+    libs = {n: by[n] for n in lineup.libraries() if compat.options("strategy")[n].caps.family == family
+            and by.get(n, {}).get("stall_s") is not None}
     if asy.get("stall_s") is not None and libs:
         best = min(libs, key=lambda n: libs[n]["stall_s"])
         check("async stall <= the best library's async stall", asy["stall_s"] <= libs[best]["stall_s"],
@@ -219,9 +214,13 @@ def targets(rows: list[dict], limits: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["gpt_tiny", "dlrm_emb"], choices=sorted(PLANS))
-    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
+    # the rows, from conf/strategy and what each declares (resilience.bench.lineup): ours and torch's DCP, the
+    # default strategy (the reference) first; --peers: the libraries beside them (docs/peers.md)
+    own, spares = lineup.own(), lineup.with_a_spare()
+    peers = [s for s in lineup.libraries() if s not in own]
+    ap.add_argument("--strategies", nargs="+", default=list(own),
                     help="names of conf/strategy/*.yaml; the first one's fault-free run is the reference")
-    ap.add_argument("--peers", action="store_true", help=f"add the libraries: {', '.join(PEERS)}")
+    ap.add_argument("--peers", action="store_true", help=f"add the libraries: {', '.join(peers)}")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each (strategy, fault-free/killed); the table "
                     "shows medians (default 1)")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default results/compare/<timestamp>)")
@@ -235,10 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: must be at least 1")
     if args.peers:
-        args.strategies += [p for p in PEERS if p not in args.strategies]
+        args.strategies += [p for p in peers if p not in args.strategies]
     for s in args.strategies:
-        if s not in VARIANTS and not (ROOT / "conf" / "strategy" / f"{s}.yaml").is_file():
-            ap.error(f"--strategies {s}: no conf/strategy/{s}.yaml (or one of {', '.join(VARIANTS)})")
+        if s not in spares and not (ROOT / "conf" / "strategy" / f"{s}.yaml").is_file():
+            ap.error(f"--strategies {s}: no conf/strategy/{s}.yaml (or one of {', '.join(spares)})")
     out = (args.out or ROOT / "results" / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     limits = load_limits(out)

@@ -14,35 +14,39 @@ import io
 import time
 from pathlib import Path
 
+from resilience.bench import lineup
 from resilience.bench.experiment import run_experiment
 from resilience.record.fsio import atomic_write_bytes
 
-ALL = ["process_exit", "heartbeat", "collective_timeout", "nonfinite", "loss_spike", "grad_norm",
-       "replica_fingerprint", "straggler", "gpu_health", "ckpt_integrity"]
 BASE = ["steps=30", "checkpoint.every=5", "world_size=3", "seed=0", "timeouts.heartbeat_s=3",
         "timeouts.collective_s=20", "recovery=restart"]
-FLIP = ["fault=bitflip", "fault.rank=1", "fault.at_step=13"]
+FLIP = ["fault.rank=1", "fault.at_step=13"]
 
-# (row name, overrides, detectors): the fault library of the injector issue
-SCENARIOS: list[tuple[str, list[str], list[str]]] = [
-    ("none", ["fault=none"], ALL),
-    ("kill", ["fault=kill", "fault.at_step=13"], ALL),
-    ("node_loss", ["fault=node_loss", "fault.at_step=13"], ALL),
-    ("hang stall", ["fault=hang", "fault.mode=stall", "fault.at_step=13"], ALL),
-    ("hang stall, no heartbeat", ["fault=hang", "fault.mode=stall", "fault.at_step=13", "timeouts.collective_s=5"],
-     [d for d in ALL if d != "heartbeat"]),
-    ("hang sigstop", ["fault=hang", "fault.mode=sigstop", "fault.at_step=13"], ALL),
-    ("hang gil", ["fault=hang", "fault.mode=gil", "fault.at_step=13"], ALL),
-    ("bitflip weights exponent", FLIP + ["fault.target=weights", "fault.bit=exponent"], ALL),
-    ("bitflip weights mantissa", FLIP + ["fault.target=weights", "fault.bit=mantissa"], ALL),
-    ("bitflip optimizer exponent", FLIP + ["fault.target=optimizer", "fault.bit=exponent"], ALL),
-    ("bitflip optimizer mantissa", FLIP + ["fault.target=optimizer", "fault.bit=mantissa"], ALL),
-    ("bitflip grads_post exponent", FLIP + ["fault.target=grads_post", "fault.bit=exponent"], ALL),
-    ("bitflip grads_pre exponent", FLIP + ["fault.target=grads_pre", "fault.bit=exponent"], ALL),
-    ("bitflip activations exponent", FLIP + ["fault.target=activations", "fault.bit=exponent"], ALL),
-    ("slow_disk 20 MB/s", ["fault=slow_disk", "fault.mbps=20", "fault.at_step=8"], ALL),
-    ("straggler x3", ["fault=straggler", "fault.factor=3", "fault.at_step=8"], ALL),
-]
+# The settings a fault of conf/fault runs with, a row each: (row name, overrides, detectors left out). A fault not
+# named here runs once, as its YAML sets it; which faults run is conf/fault's (resilience.bench.lineup).
+SETTINGS: dict[str, list[tuple[str, list[str], tuple[str, ...]]]] = {
+    "kill": [("kill", ["fault.at_step=13"], ())],
+    "node_loss": [("node_loss", ["fault.at_step=13"], ())],
+    "hang": [("hang stall", ["fault.mode=stall", "fault.at_step=13"], ()),
+             ("hang stall, no heartbeat", ["fault.mode=stall", "fault.at_step=13", "timeouts.collective_s=5"],
+              ("heartbeat", "nvrx_heartbeat")),  # neither heartbeat: who else sees the stall
+             ("hang sigstop", ["fault.mode=sigstop", "fault.at_step=13"], ()),
+             ("hang gil", ["fault.mode=gil", "fault.at_step=13"], ())],
+    "bitflip": [(f"bitflip {target} {bit}", FLIP + [f"fault.target={target}", f"fault.bit={bit}"], ())
+                for target, bit in [("weights", "exponent"), ("weights", "mantissa"), ("optimizer", "exponent"),
+                                    ("optimizer", "mantissa"), ("grads_post", "exponent"), ("grads_pre", "exponent"),
+                                    ("activations", "exponent")]],
+    "slow_disk": [("slow_disk 20 MB/s", ["fault.mbps=20", "fault.at_step=8"], ())],
+    "straggler": [("straggler x3", ["fault.factor=3", "fault.at_step=8"], ())],
+}
+
+
+def scenarios() -> list[tuple[str, list[str], list[str]]]:
+    """(row name, overrides, detectors): every fault of conf/fault that leaves a record (the default, none, first),
+    with every detector of conf/detector."""
+    every = lineup.detectors()
+    return [(name, [f"fault={fault}", *overrides], [d for d in every if d not in without])
+            for fault in lineup.faults() for name, overrides, without in SETTINGS.get(fault, [(fault, [], ())])]
 
 
 def rows_for(name: str, result: dict, detectors: list[str]) -> list[dict]:
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     root = Path(args.out) / time.strftime("%Y-%m-%d_%H-%M-%S")
     rows: list[dict] = []
-    for i, (name, overrides, detectors) in enumerate(SCENARIOS):
+    for i, (name, overrides, detectors) in enumerate(scenarios()):
         if args.only and name not in args.only:
             continue
         print(f"[coverage] {name} ...", flush=True)

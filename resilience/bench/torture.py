@@ -23,6 +23,7 @@ from pathlib import Path
 from injectors.base import PHASES
 from injectors.ckpt_damage import HOW
 from resilience import compat
+from resilience.bench import lineup
 from resilience.proc import child
 from resilience.proc.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
@@ -31,12 +32,6 @@ from resilience.record.events import read_events
 WITHOUT_METADATA = ("nvrx_async", "dlrover_flash")  # (and their variants) one torch.save file per rank: no index
 FROM_MEMORY = ("inmemory",)  # loads its own snapshots from memory, each with its own checks: no disk damage trial
 
-
-def strategies() -> tuple[str, ...]:
-    """Every option of conf/strategy that writes checkpoints, ours and the libraries', as the suite runs them: a
-    library as shipped (``patches`` other than ``all``) is a finding of its own (docs/peers.md), not a trial here."""
-    return tuple(name for name, o in compat.options("strategy").items()
-                 if o.caps.saves and o.settings.get("patches", "all") == "all")
 STEPS, EVERY = 16, 4
 TIMEOUT_S = 300
 
@@ -116,7 +111,7 @@ def trial(tally: Tally, run_dir: Path, overrides: list[str], reference: str) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.torture", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=20, help="kill trials per strategy (default 20)")
-    ap.add_argument("--strategies", default=",".join(strategies()),
+    ap.add_argument("--strategies", default=",".join(lineup.checkpointing()),
                     help="comma-separated strategy options (default: every option that writes checkpoints)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/torture"))
