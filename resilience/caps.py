@@ -52,6 +52,7 @@ class StrategyCaps(Caps):
     reshards_on_load: bool = False  # every load is DCP's read of the checkpoint files: it fits any world size
     runs_in_supervisor: bool = False  # runs part of itself in the local supervisor across rank restarts
     min_replica_groups: int | None = None  # the fewest replica groups a step commits with (replicas across groups)
+    owns_step: bool = False  # it applies the optimizer step itself (torchft's commit vote), not the training loop
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,4 +71,6 @@ def combination(cfg: DictConfig, roles: Roles) -> Combination:
                        detectors={d.name: d.caps for d in roles.detectors}, world_size=int(cfg.world_size),
                        launcher=cfg.supervisor.launcher, spares=int(cfg.supervisor.spares),
                        ranks_per_node=int(OmegaConf.select(cfg, "ranks_per_node", default=1)),
-                       resume=OmegaConf.select(cfg, "resume", default=None))
+                       resume=OmegaConf.select(cfg, "resume", default=None),
+                       **{f: str(OmegaConf.select(cfg, f"train.{f}", default=getattr(Combination, f)))
+                          for f in ("rng", "precision", "data")})

@@ -204,4 +204,26 @@ RULES: list[Rule] = [
          lambda c: c.recovery.grows_back and unsplit(c, survivors(c)) is not None,
          lambda c: f"{c.set('recovery')}: the survivors of the node loss are {survivors(c)} ranks, where "
                    f"{unsplit(c, survivors(c))}"),
+    Rule("rank_parts_in_one_world", ("recovery", "train.rng", "train.data"),
+         "A policy that changes the world size, with a loop whose state has per-rank parts (its RNG streams, a data "
+         "loader's position): no rank of the new world owns them.",
+         lambda c: c.recovery.resizes_world and (c.rng == "carried" or c.data == "loader"),
+         lambda c: f"{c.set('recovery')}: changes the world size, and train.rng={c.rng} train.data={c.data} keep "
+                   f"per-rank state that no rank of the new world owns; use train=replayable or "
+                   f"{c.instead('recovery', lambda p: not p.resizes_world)}"),
+    Rule("scaler_steps_the_optimizer", ("strategy", "train.precision"),
+         "fp16's gradient scaler, with a strategy that applies the optimizer step itself, without the scaler.",
+         lambda c: c.precision == "fp16" and c.strategy.owns_step,
+         lambda c: f"train.precision=fp16: {c.set('strategy')} applies the optimizer step itself, without the "
+                   f"gradient scaler; use train.precision=bf16 or fp32"),
+    Rule("autocast_dense", ("workload", "train.precision"),
+         "Autocast, with a workload whose embedding gradients are sparse (autocast does not cover them).",
+         lambda c: c.precision != "fp32" and c.workload.sparse_gradients,
+         lambda c: f"train.precision={c.precision}: {c.set('workload')} has sparse embedding gradients, which "
+                   f"autocast does not cover; use train.precision=fp32"),
+    Rule("tokens_to_read", ("workload", "train.data"),
+         "The token file's loader, with a workload that does not train on token windows.",
+         lambda c: c.data == "loader" and not c.workload.reads_tokens,
+         lambda c: f"train.data=loader: {c.set('workload')} does not train on token windows; use train.data="
+                   f"synthetic or {c.instead('workload', lambda w: w.reads_tokens)}"),
 ]

@@ -51,10 +51,7 @@ class Recipe:
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"train.clip_norm={t.clip_norm}: must be a number > 0, or null (no clipping)")
         precision = str(t.precision)
-        self.autocast = AUTOCAST.get(precision)
-        if self.autocast is not None and workload.caps.sparse_gradients:
-            raise ValueError(f"train.precision={precision}: {type(workload).__name__} has sparse embedding "
-                             f"gradients, which autocast does not cover; use train.precision=fp32")
+        self.autocast = AUTOCAST.get(precision)  # which workloads and strategies allow it: resilience.compat
         job: dict[str, Any] = {}
         per_rank: dict[str, Any] = {}
         if not self.reseed:
@@ -76,9 +73,6 @@ class Recipe:
         state.parts = JobParts(rt.rank, job, per_rank)
 
     def _loader(self, settings: DictConfig, world_size: int) -> tuple[Any, Any]:
-        if not self.workload.caps.reads_tokens:
-            raise ValueError(f"train.data=loader: {type(self.workload).__name__} does not train on token windows; "
-                             f"use train.data=synthetic")
         if self.workload.vocab < 256:
             raise ValueError(f"train.data=loader: a byte is a token, so workload.vocab={self.workload.vocab} "
                              f"must be >= 256")

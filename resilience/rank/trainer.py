@@ -53,12 +53,10 @@ class Trainer:
                  strategy: CheckpointStrategy, detectors: RankDetectors, beater: Beater) -> None:
         self.cfg, self.rt, self.workload, self.state, self.strategy = cfg, rt, workload, state, strategy
         self.detectors, self.beater = detectors, beater
-        owns = isinstance(strategy, OwnsStep)
-        control = strategy.step_control(state) if owns else None  # it may build the optimizer anew
+        # a strategy that owns the step may build the optimizer anew: the recipe's LR schedule follows it (fp16's
+        # scaler never meets such a strategy: resilience.compat)
+        control = strategy.step_control(state) if isinstance(strategy, OwnsStep) else None
         self.recipe = Recipe(cfg, rt, workload, state)
-        if owns and self.recipe.scaler is not None:
-            raise ValueError(f"train.precision=fp16: strategy={strategy.option} applies the optimizer step itself, "
-                             f"without the gradient scaler; use train.precision=bf16 or fp32")
         self.control = control or StepControl(state.optimizer, self.recipe.scaler)
         self.every = int(cfg.checkpoint.every)
         self.steps = int(cfg.steps)

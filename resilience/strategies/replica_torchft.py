@@ -76,7 +76,7 @@ class ReplicaTorchft(PeerStrategy, CheckpointStrategy, StepControl):
     # The supervisor replaces only the dead group; the others never stop. Each rank, or each replica of the shards
     # (hsdp), is its own replica group, healed by its own shard (``torchft_hsdp``); the lighthouse runs in the
     # supervisor.
-    caps = StrategyCaps(saves=False, recovers_in_place=True, keeps_world_group=False, shards_state=True,
+    caps = StrategyCaps(saves=False, recovers_in_place=True, keeps_world_group=False, shards_state=True, owns_step=True,
                         runs_in_supervisor=True, min_replica_groups=1,
                         of_setting={"min_replica_groups": "min_replicas"})
     library = PeerLibrary("torchft", "torchft", extra="torchft")
