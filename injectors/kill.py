@@ -28,13 +28,16 @@ class InjectedError(Exception):
 
 class Kill(Injector):
 
+    takes_step_list = True  # a process can die again after its restart: each listed step kills once
+
     def __init__(self, signal: str = "SIGKILL", exit_code: int = 3, **trigger: Any) -> None:
         super().__init__(**trigger)
         if signal not in SIGNALS:
             raise ValueError(f"fault.signal={signal}: must be one of {', '.join(SIGNALS)}")
         require_int("fault.exit_code", exit_code, 1, 255)
-        if signal == "exception" and self.phase not in STEP_PHASES:  # a save may write in a background thread
-            raise ValueError(f"fault.phase={self.phase}: fault.signal=exception raises in the training step; "
+        wrong = next((p for p in self.phases if p not in STEP_PHASES), None)
+        if signal == "exception" and wrong:  # a save may write in a background thread
+            raise ValueError(f"fault.phase={wrong}: fault.signal=exception raises in the training step; "
                              f"use fault.phase={' or '.join(STEP_PHASES)}")
         self.signal, self.exit_code = signal, exit_code
 

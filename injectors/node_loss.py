@@ -26,6 +26,9 @@ class NodeLoss(Kill):
         # None: the node never returns (the job goes on without it or waits for a spare)
         self.return_after_s = None if return_after_s is None else require_number(
             "fault.return_after_s", return_after_s, at_least=0)
+        if self.listed and self.return_after_s is not None:  # recovery=grow waits out one lost node at a time
+            raise ValueError(f"fault.return_after_s={return_after_s}: a returning node is planned for one loss; with "
+                             f"a list in fault.at_step give fault.return_after_s=null")
         self.caps = self.caps.under(return_after_s=self.return_after_s)
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:

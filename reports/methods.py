@@ -25,6 +25,10 @@ RESULT_METRICS: list[tuple[str, str]] = [
     ("ckpt_bytes", "Median size of a durable checkpoint, all shards together."),
     ("fault_injected, fault_step, fault_rank", "Whether, at which step and on which rank the planned fault fired "
                                                "(its record is written before the fault acts)."),
+    ("faults_injected, recoveries, faults", "With several planned faults (fault.at_step=[...]): how many fired, "
+                                            "how many training got back from (each fault's step reached again in a "
+                                            "run that ended ok), and each one's step, phase, rank, recovery time and "
+                                            "lost steps. The other fault and recovery fields describe the first."),
     ("detected, detector, detected_rank", "Whether a detector reported a fault at or after the injection; the first "
                                           "such report names the detector and the rank it blamed."),
     ("detection_latency_s", "From the fault's injection to that first detection."),

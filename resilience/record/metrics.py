@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from resilience.record.inprocess import inprocess_recovery
-from resilience.record.query import (JobRestart, RecoveryWindow, durable_times, first, first_detection,
+from resilience.record.query import (JobRestart, RecoveryWindow, durable_times, first, first_detection, injected,
                                      job_restarts, last_job, load_window, loads, median, productive_step_times,
                                      recovery_window, stalls, step_start, step_times)
 from resilience.record.replicas import replica_groups, replica_recovery
@@ -128,7 +128,8 @@ def _status(end: dict | None, complete: bool, faulted: bool, launched: bool) -> 
 
 
 def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[str, Any]:
-    """Detection and recovery of the run's first injected fault (the defaults when there is none)."""
+    """Detection and recovery of the run's first injected fault (the defaults when there is none), and the count
+    and outline of every fault."""
     out: dict[str, Any] = {
         "fault_injected": fault is not None,
         "fault_step": fault["step"] if fault else None,
@@ -141,6 +142,7 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
         "survivors_restarted": None,
         "false_alarms": _false_alarms(events, fault),
     }
+    out.update(_every_fault(events, status))
     window = recovery_window(events, fault) if fault else None
     if window is None:
         return out
@@ -148,6 +150,20 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
     if status == "ok" and window.resumed is not None:
         out.update(_recovery_time(window))
     return out
+
+
+def _every_fault(events: list[dict], status: str) -> dict[str, Any]:
+    """Each fault of the run, in order (several with ``fault.at_step=[...]``): its step, phase and rank, and whether
+    training got back to its step; the fields above describe the first alone."""
+    faults = []
+    for fault in injected(events):
+        window = recovery_window(events, fault)
+        back = status == "ok" and window is not None and window.resumed is not None
+        faults.append({"step": fault["step"], "phase": fault.get("phase"),
+                       "rank": fault.get("target_rank", fault["rank"]), "recovered": back,
+                       "recovery_time_s": window.resumed["t_mono"] - fault["t_mono"] if back else None,
+                       "lost_steps": window.lost_steps if window is not None else None})
+    return {"faults_injected": len(faults), "recoveries": sum(f["recovered"] for f in faults), "faults": faults}
 
 
 def _false_alarms(events: list[dict], fault: dict | None) -> int:

@@ -117,6 +117,16 @@ class RecoveryWindow:
         return max(0, self.fault["step"] - (self.loaded["step"] if self.loaded else 0))
 
 
+def injected(events: list[dict]) -> list[dict]:
+    """The first ``fault_injected`` record of each planned point that fired, in order: one per fault (every rank of
+    a lost node records the same point; a schedule, ``fault.at_step=[...]``, or a probability plans several)."""
+    points: dict[tuple, dict] = {}
+    for e in events:
+        if e["kind"] == "fault_injected":
+            points.setdefault((e.get("fault"), e.get("plan_index", 0)), e)
+    return list(points.values())
+
+
 def first_detection(events: list[dict], fault: dict) -> dict | None:
     return next((e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"]), None)
 
