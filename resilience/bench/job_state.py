@@ -3,8 +3,8 @@ each part of the job's state named exact or lost from the step it first differs,
 
     python -m resilience.bench.job_state [--strategies sync,replica] [--out results/job_state] [OVERRIDE ...]
 
-One fault-free reference (``strategy=none``) and one run per strategy with ``fault=kill`` (its step and phase from
-``--kill``); minutes on 2 cores. Prints the Markdown table and writes it with the rows' JSON under ``--out``; each
+One fault-free reference (``strategy=none``) and one run per strategy with three kills (``--kill``); minutes on 2
+cores. Prints the Markdown table and writes it with the rows' JSON under ``--out``; each
 row's command line reproduces it. Extra ``OVERRIDE``s go to every run (``train.precision=fp16``, ``workload=...``).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -23,7 +24,11 @@ from resilience.record.fsio import atomic_write_bytes, atomic_write_json
 from resilience.state.parts import JOB_PARTS, MODEL, OPTIMIZER, RANK_PARTS
 
 PARTS = (MODEL, OPTIMIZER, *JOB_PARTS, *RANK_PARTS)
-REAL = ["train=real", "workload.dropout=0.1", "steps=16"]
+# 16 steps of 4 per epoch (256 samples, 2 ranks, batches of 8, 2 micro-batches), a checkpoint every 3: the kill in
+# step 6's save falls back to step 3, the kill at step 10 loads step 9 (mid-epoch), the kill at step 13 loads step
+# 12, an epoch's end
+REAL = ["train=real", "workload.dropout=0.1", "steps=16", "checkpoint.every=3"]
+KILLS = ["fault=kill", "fault.at_step=[6,10,13]", "fault.phase=[during_checkpoint,before_optimizer_step,before_forward]"]
 TIMEOUT_S = 600
 
 
@@ -35,18 +40,28 @@ def strategies() -> tuple[str, ...]:
 
 
 def command(strategy: str, kill: list[str], extra: list[str], index: Path) -> list[str]:
+    if not compat.options("strategy")[strategy].caps.saves:  # no save to be killed in: killed before a forward
+        kill = [k.replace("during_checkpoint", "before_forward") for k in kill]
     return [*REAL, f"strategy={strategy}", *kill, *extra, "reference.check=run", f"reference.index={index}"]
 
 
 def run(run_dir: Path, overrides: list[str]) -> dict:
+    """Run one row; keep its verdicts and its command line in ``<run dir>/bench.json`` (the table is rendered from
+    every row under ``--out``, so a row run again alone replaces only itself)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     done = child.run(child.experiment_command(overrides, run_dir), timeout_s=TIMEOUT_S)
     result = run_dir / "result.json"
-    if not result.exists():
-        return {"status": f"harness error (exit {done.returncode})"}
-    out = json.loads(result.read_text())
+    out = json.loads(result.read_text()) if result.exists() else {"status": f"harness error (exit {done.returncode})"}
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # the events hold the verdict; checkpoints fill disks
-    return out
+    kept = {k: out.get(k) for k in ("status", "reference", "state_parts", "ledger", "faults_injected", "recoveries")}
+    atomic_write_json(run_dir / "bench.json", {**kept, "command": overrides})
+    return kept
+
+
+def rows(out: Path) -> list[str]:
+    """The table's rows: every strategy of conf/ with a row under ``out``, in conf/'s order."""
+    found = [(name, out / name / "bench.json") for name in compat.options("strategy")]
+    return [row(name, json.loads(path.read_text())) for name, path in found if path.exists()]
 
 
 def cell(result: dict, part: str) -> str:
@@ -57,15 +72,16 @@ def cell(result: dict, part: str) -> str:
     return "exact" if v["exact"] else "not checked" if v["exact"] is None else f"lost at {v['first_diff_step']}"
 
 
-def row(strategy: str, result: dict, overrides: list[str]) -> str:
+def row(strategy: str, result: dict) -> str:
     ledger = result.get("ledger")
     once = "n/a" if not ledger else "exactly once" if ledger["exactly_once"] else (
         f"{ledger.get('skipped', '?')} skipped, {ledger.get('repeated', '?')} repeated")
-    verdict = (result.get("reference") or {}).get("matches")
-    end = {True: "yes", False: "NO"}.get(verdict, "-")
+    reference = result.get("reference") or {}
+    end = {True: "yes", False: "NO"}.get(reference.get("matches"), f"not checked ({reference.get('why', '-')})")
     cells = [cell(result, p) if result.get("status") == "ok" else "-" for p in PARTS]
-    repro = "`python -m resilience " + " ".join(overrides) + "`"
-    return f"| {strategy} | {result.get('status')} | {end} | " + " | ".join(cells) + f" | {once} | {repro} |"
+    shown = [shlex.quote(o) for o in result["command"] if not o.startswith("reference.index=")]  # this machine's
+    return (f"| {strategy} | {result.get('status')} | {end} | " + " | ".join(cells) +
+            f" | {once} | `python -m resilience {' '.join(shown)}` |")
 
 
 def table(rows: list[str]) -> str:
@@ -77,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.job_state", description=__doc__.split("\n\n")[0])
     ap.add_argument("--strategies", default=",".join(strategies()),
                     help="comma-separated strategy options (default: every one that recovers a killed rank)")
-    ap.add_argument("--kill", default="fault=kill,fault.at_step=12,fault.phase=before_forward",
-                    help="the fault's settings, comma-separated (default: a kill before step 13's forward)")
+    ap.add_argument("--kill", default=" ".join(KILLS),
+                    help="the faults' settings, space-separated (default: three kills, one during a save, one "
+                         "whose recovery loads an epoch's end)")
     ap.add_argument("--out", type=Path, default=Path("results/job_state"))
     ap.add_argument("overrides", nargs="*", help="settings for every run (Hydra overrides)")
     args = ap.parse_args(argv)
@@ -89,18 +106,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(compat.options('strategy'))}", file=sys.stderr)
         return 2
     index = (args.out / "references").resolve()
-    rows, results = [], {}
     t0 = time.monotonic()
     for i, strategy in enumerate(chosen, 1):
-        overrides = command(strategy, args.kill.split(","), args.overrides, index)
         print(f"[{time.monotonic() - t0:6.0f} s] {i}/{len(chosen)} {strategy}", flush=True)
-        results[strategy] = run(args.out / strategy, overrides)
-        rows.append(row(strategy, results[strategy], overrides))
-        print(rows[-1], flush=True)
-    text = table(rows)
+        run(args.out / strategy, command(strategy, args.kill.split(), args.overrides, index))
+        print(row(strategy, json.loads((args.out / strategy / "bench.json").read_text())), flush=True)
+    text = table(rows(args.out))
     atomic_write_bytes(args.out / "job_state.md", (text + "\n").encode())
-    atomic_write_json(args.out / "job_state.json", {s: {k: r.get(k) for k in ("status", "reference", "state_parts",
-                                                                             "ledger")} for s, r in results.items()})
     print(text)
     print(f"written: {args.out / 'job_state.md'} ({time.monotonic() - t0:.0f} s)")
     return 0
