@@ -30,8 +30,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "[set-up 2/3] torch 2.13.0 from $(or $(strip $(TORCH_INDEX)),pip's configured sources)"
 	$(if $(strip $(TORCH_INDEX)),$(PY) -m pip install torch==2.13.0 --index-url $(strip $(TORCH_INDEX)),@true)
-	@echo "[set-up 3/3] the project, its test tools and the peer libraries, at the versions of $(LOCK)"
-	$(PY) -m pip install -c $(LOCK) -e '.[test,peers]'
+	@echo "[set-up 3/3] the project, its test tools, the peer libraries and the data loader, at the versions of $(LOCK)"
+	$(PY) -m pip install -c $(LOCK) -e '.[test,peers,data]'
 	@touch $(STAMP) && echo "[set-up] done: $(VENV)"
 
 # Rewrite the lock from the venv after a deliberate upgrade (torch's local label left to the index).

@@ -12,23 +12,29 @@ pytestmark = pytest.mark.slow
 
 # gpt_tiny with dropout: the RNG streams decide the masks, so a lost RNG shows
 LOOP = ("train=real", "train.data=synthetic", "workload.dropout=0.1", "reference.check=run")
-REAL = (*LOOP, "steps=12")
+REAL = ("train=real", "workload.dropout=0.1", "reference.check=run", "steps=12")  # data through the loader
 
 
 def lost(result: dict) -> dict[str, int]:
     return {p: v["first_diff_step"] for p, v in result["state_parts"].items() if v["exact"] is False}
 
 
-def test_sync_restores_every_part_and_ends_on_the_fault_free_state(tmp_path):
-    r = run_experiment(tmp_path / "sync", *REAL, "strategy=sync", "fault=kill", "fault.at_step=7")
-    assert r["status"] == "ok" and r["attempts"] == 2
+def test_three_kills_of_the_real_loop_restore_every_part_and_every_sample_exactly_once(tmp_path):
+    """The issue's acceptance run (docs/job_state.md): the token file through a StatefulDataLoader with 2 workers,
+    4 epochs in 16 steps, a checkpoint every 3; kills in step 6's save, at step 10 (loading step 9, mid-epoch) and
+    at step 13 (loading step 12, an epoch's end)."""
+    r = run_experiment(tmp_path / "sync", "train=real", "workload.dropout=0.1", "reference.check=run", "steps=16",
+                       "checkpoint.every=3", "strategy=sync", "fault=kill", "fault.at_step=[6,10,13]",
+                       "fault.phase=[during_checkpoint,before_optimizer_step,before_forward]")
+    assert r["status"] == "ok" and r["faults_injected"] == 3 and r["recoveries"] == 3
     assert r["reference"]["matches"] is True
-    assert set(r["state_parts"]) == {"model", "optimizer", "lr_scheduler", "rng", "train_state"}
+    assert set(r["state_parts"]) == {"model", "optimizer", "lr_scheduler", "rng", "train_state", "dataloader"}
     assert lost(r) == {} and all(v["checked_points"] > 0 for v in r["state_parts"].values())
+    assert r["ledger"]["exactly_once"] is True and r["ledger"]["steps_checked"] == 32  # 16 steps x 2 ranks
 
 
 @pytest.mark.parametrize("control, must_lose", [
-    ("sync_model_only", {"lr_scheduler", "rng", "train_state", "model", "optimizer"}),
+    ("sync_model_only", {"lr_scheduler", "rng", "train_state", "dataloader", "model", "optimizer"}),
     ("sync_no_rng", {"rng", "model", "optimizer"}),
 ])
 def test_the_negative_controls_are_named_not_exact_with_the_parts_they_lose(tmp_path, control, must_lose):
@@ -37,7 +43,9 @@ def test_the_negative_controls_are_named_not_exact_with_the_parts_they_lose(tmp_
     assert set(lost(r)) == must_lose
     # the load at step 5 is the first checked point after the kill: the parts not saved differ from there on
     assert all(lost(r)[p] == 5 for p in must_lose - {"model", "optimizer"})
-    assert set(r["state_parts"]) - must_lose <= {"lr_scheduler", "train_state"}  # what sync_no_rng keeps is exact
+    assert set(r["state_parts"]) - must_lose <= {"lr_scheduler", "train_state", "dataloader"}  # kept: exact
+    # the samples: a loader started over trains some twice and skips others; one restored trains each once
+    assert r["ledger"]["exactly_once"] is ("dataloader" not in must_lose)
 
 
 def test_fp16_a_kill_after_steps_the_scaler_skipped_recovers_exact(tmp_path):

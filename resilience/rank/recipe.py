@@ -76,15 +76,15 @@ class Recipe:
         if self.workload.vocab < 256:
             raise ValueError(f"train.data=loader: a byte is a token, so workload.vocab={self.workload.vocab} "
                              f"must be >= 256")
+        from resilience.data.dataset import TokenWindows
         from resilience.data.ledger import LedgerWriter
         from resilience.data.loader import LoaderData
         from resilience.data.tokens import prepare_tokens
 
-        path = prepare_tokens(Path(str(settings.dir)))
-        data = LoaderData(path, seq_len=self.workload.seq_len, batch_size=self.workload.batch_size,
-                          samples=int(settings.samples), rank=self.rt.rank, world_size=world_size,
-                          seed=stream_seed(self.workload.seed, "data"), num_workers=int(settings.workers),
-                          shuffle=bool(settings.shuffle))
+        windows = TokenWindows(prepare_tokens(Path(str(settings.dir))), self.workload.seq_len, int(settings.samples))
+        data = LoaderData(windows, rank=self.rt.rank, world_size=world_size, batch_size=self.workload.batch_size,
+                          seed=stream_seed(self.workload.seed, "data") % 2**32, shuffle=bool(settings.shuffle),
+                          num_workers=int(settings.workers))
         return data, LedgerWriter(self.rt.run_dir, self.rt.rank, self.rt.events.attempt)
 
     def forward_backward(self, step: int, on_forward: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
