@@ -8,7 +8,7 @@ from hydra.utils import get_class
 
 from resilience import compat
 from resilience.compat import Option
-from resilience.libs.peer import PeerLibrary
+from resilience.libs.peer import PeerLibrary, PeerStrategy
 
 
 def _default_first(group: str, names: list[str]) -> tuple[str, ...]:
@@ -19,14 +19,15 @@ def _default_first(group: str, names: list[str]) -> tuple[str, ...]:
 
 def library(option: Option) -> PeerLibrary | None:
     """The library the option's class runs (``PeerStrategy.library``), or None: the project's own."""
-    return getattr(get_class(option.settings["_target_"]), "library", None)
+    cls = get_class(option.settings["_target_"])
+    return cls.library if issubclass(cls, PeerStrategy) else None
 
 
 def checkpointing() -> tuple[str, ...]:
     """Every strategy that writes checkpoints, ours and the libraries', as the suite runs them: a library as shipped
     (``patches`` other than ``all``) is a finding of its own (docs/peers.md), not a trial of a bench."""
-    return tuple(name for name, o in compat.options("strategy").items()
-                 if o.caps.saves and o.settings.get("patches", "all") == "all")
+    return tuple(name for name, o in compat.options("strategy").items()  # a technique: of a family, not a
+                 if o.caps.saves and o.caps.family and o.settings.get("patches", "all") == "all")  # negative control
 
 
 def libraries() -> tuple[str, ...]:
@@ -45,7 +46,7 @@ def own() -> tuple[str, ...]:
     extra installed (ours, and torch's own DCP), each followed by its row with a warm spare; the default first."""
     spares = with_a_spare()
     mine = [name for name, o in compat.options("strategy").items() if o.option == o.name
-            and (o.caps.saves or o.caps.recovers_in_place) and not getattr(library(o), "extra", "")]
+            and (o.caps.saves or o.caps.recovers_in_place) and not (library(o) and library(o).extra)]
     return tuple(row for name in _default_first("strategy", mine)
                  for row in (name, *(s for s, (base, _) in spares.items() if base == name)))
 
