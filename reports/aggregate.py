@@ -7,7 +7,9 @@ and ``probe``: the limits snapshot it ran under), every field of its
 ``parallel``: how the model was spread ("fsdp 4", "hsdp 2x2": result.json's ``parallel`` name and mesh shape;
 ``parallel.shards_per_replica`` is a column too), and ``matches_reference``: whether its final state equals, bit
 for bit, that of the fault-free reference run of its
-(workload, world_size, steps, seed) — empty when either run has no final state. A cell of the matrix without a
+(workload, world_size, steps, seed) — empty when either run has no final state; for a run of the real loop
+(``train=real``), ``state_parts.<part>.*`` and ``ledger.*``: each part of the job's state and the samples trained
+on, against the same reference run (docs/job_state.md). A cell of the matrix without a
 done.json keeps its row, in state ``not run`` (so that counts are of what the matrix asked for). SUMMARY_CSV is
 written atomically, and a Parquet copy beside it (SUMMARY_CSV with the suffix .parquet).
 """
@@ -25,6 +27,8 @@ import pandas as pd
 
 from reports.matrix import Cell, Matrix, MatrixError, load_matrix
 from resilience.record.fsio import atomic_write_bytes
+from resilience.record.job_state import ledger, state_parts
+from resilience.record.reference import not_by_design
 
 JOB_FIELDS = ("state", "exit_code", "error", "error_detail", "elapsed_s", "host", "started", "probe")
 NOT_RUN = "not run"  # the state of a matrix cell that has no done.json
@@ -62,7 +66,11 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
                                "command": " ".join(["python -m resilience", *done.get("overrides", [])])}
         result_path = path.parent / "result.json"
         if result_path.exists():
-            row.update(flatten(json.loads(result_path.read_text())))
+            result = json.loads(result_path.read_text())
+            reference = by_cell.get(cell.reference)
+            if not cell.is_reference and reference is not None:
+                result.update(job_state(path.parent, reference.parent, result))
+            row.update(flatten(result))
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:
@@ -77,6 +85,23 @@ def summarize(matrix: Matrix, done_files: Iterable[str | Path]) -> pd.DataFrame:
     frame["matches_reference"] = frame["matches_reference"].astype("object")
     frame["parallel"] = [parallel_label(r) for _, r in frame.iterrows()]
     return frame
+
+
+def job_state(run_dir: Path, reference_dir: Path, result: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``state_parts`` and ``ledger`` of a run of the real loop against its reference cell's run: the pipeline's own
+    verdict, as ``matches_reference`` is (its cells run with ``reference.check=none``, so result.json has none; a
+    run compared with another reference by its command gets this one instead, the one every column of the row is
+    judged by). Empty for a run that hashed no parts (the replayable loop), one that cannot end on the reference's
+    state by design (result.json's own reference verdict skips it too), or one whose reference has not run."""
+    if result is None:
+        result = json.loads((run_dir / "result.json").read_text())
+    if not (reference_dir / "result.json").exists() or not_by_design(result) is not None:
+        return {}
+    parts = state_parts(run_dir, reference_dir)
+    if parts is None:
+        return {}
+    both_ledgers = (run_dir / "ledger").is_dir() and (reference_dir / "ledger").is_dir()
+    return {"state_parts": parts, "ledger": ledger(run_dir, reference_dir) if both_ledgers else None}
 
 
 def parallel_label(row: pd.Series) -> str:

@@ -13,6 +13,7 @@ tests alike. A matrix file holds::
     reference:   {strategy: none}                                    the fault-free run every cell is compared with
     overrides:   {recovery: restart, ...}                            extra Hydra overrides for every cell
     runtime_min: 20                                                  time limit of one cell (minutes)
+    searchpath:  [/abs/conf]     optional: config folders of plug-in options the axes may name (docs/own_model.md)
 
 A cell's name encodes all its axis values, so adding a value to an axis adds cells but never renames (and so never
 reruns) the existing ones. Every bad entry raises :class:`MatrixError` with one line naming the key.
@@ -36,14 +37,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, matches, parse_axes, parse_blocks,
-                                 parse_excludes, parse_overrides, parse_reference)
+from reports.matrix_spec import (SAFE, AXES, Fault, MatrixError, hydra_value, matches, parse_axes, parse_blocks,
+                                 parse_excludes, parse_overrides, parse_reference, parse_searchpath)
 from resilience.config import GROUPS, ConfigError, resolve
 from resilience.settings.schema import explain
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MATRIX_DIR = CONF_DIR / "matrix"
-TOP_KEYS = ("description", "axes", "exclude", "blocks", "reference", "overrides", "runtime_min")
+TOP_KEYS = ("description", "axes", "exclude", "blocks", "reference", "overrides", "runtime_min", "searchpath")
 CHOICE_GROUPS = ("workload", "strategy", "fault", "recovery")
 _MISSING = object()
 GROUP_KEY = ("workload", "world_size", "steps", "seed", "parallel")  # cells sharing these share a reference run
@@ -86,7 +87,8 @@ class Cell:
                                and not (k == "parallel" and v is None)}  # earlier matrices' job specs stay as they were
         out["cell.fault"] = fault.name
         out["cell.fault_label"] = fault.label
-        out.update({f"cell.fault.{k}": v for k, v in fault.params.items()})
+        # a list (one value per planned fault) as its override's text: one value per column cell
+        out.update({f"cell.fault.{k}": hydra_value(v) if isinstance(v, list) else v for k, v in fault.params.items()})
         out["cell.detectors"] = "+".join(self.values["detectors"])
         return out
 
@@ -156,16 +158,17 @@ def check_cells(matrix: Matrix, conf_dir: Path = CONF_DIR) -> None:
     applied on a copy, as Hydra applies a value override."""
     composed: dict[tuple[str, ...], DictConfig] = {}
     parser = OverridesParser.create()
+    groups_of_conf = config_groups(conf_dir) | {"hydra.searchpath"}  # a plug-in's options: its searchpath
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
         for cell in matrix.cells:
             try:
                 overrides = parser.parse_overrides(list(cell.overrides))
-                groups = tuple(o.input_line for o in overrides if o.key_or_group in GROUPS)
+                groups = tuple(o.input_line for o in overrides if o.key_or_group in groups_of_conf)
                 if groups not in composed:
                     composed[groups] = compose(config_name="config", overrides=list(groups))
                 cfg = copy.deepcopy(composed[groups])
                 for o in overrides:
-                    if o.key_or_group not in GROUPS:
+                    if o.key_or_group not in groups_of_conf:
                         if OmegaConf.select(cfg, o.key_or_group, default=_MISSING) is _MISSING:
                             raise ConfigError(f"{o.key_or_group}={o.value()}: unknown setting")
                         OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
@@ -178,6 +181,13 @@ def check_cells(matrix: Matrix, conf_dir: Path = CONF_DIR) -> None:
                 raise MatrixError(f"matrix {matrix.name}: cell {cell.name}: {first}") from None
 
 
+def config_groups(conf_dir: Path = CONF_DIR) -> set[str]:
+    """Every option group Hydra composes: the roles' (``GROUPS``) and any other folder of ``conf/`` with option
+    files (``train``): an override ``train=real`` picks an option file, it does not set a value."""
+    return {*GROUPS, *(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name != "matrix"
+                       and any(p.glob("*.yaml")))}
+
+
 def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = CONF_DIR) -> Matrix:
     """All cells of a matrix spec (the parsed YAML): the product of the axes, minus exclusions, plus references."""
     where = f"matrix {name}"
@@ -186,9 +196,14 @@ def expand(spec: Any, name: str = "matrix", source: str = "", conf_dir: Path = C
     for key in spec:
         if key not in TOP_KEYS:
             raise MatrixError(f"{where}: {key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
+    base = Path(source).resolve().parent if source else Path.cwd()  # a relative searchpath: from the matrix file
+    searchpath = parse_searchpath(spec["searchpath"], where, base) if "searchpath" in spec else []
+    conf_dir = [conf_dir, *searchpath] if searchpath else conf_dir  # the options the axes may name
     axes = parse_axes(spec.get("axes"), where, conf_dir)
     excludes = parse_excludes(spec.get("exclude") or [], axes, where, conf_dir)
     extra = parse_overrides(spec.get("overrides") or {}, where, axes)
+    if searchpath:  # every cell composes its plug-in options as the command does
+        extra.append(f"hydra.searchpath=[{','.join(repr(f'file://{d}') for d in searchpath)}]")
     ref_strategy = parse_reference(spec.get("reference") or {"strategy": "none"}, where, conf_dir)
     runtime = spec.get("runtime_min", 20)
     if isinstance(runtime, bool) or not isinstance(runtime, int) or runtime < 1:

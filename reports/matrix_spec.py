@@ -82,8 +82,13 @@ def parse_axes(raw: Any, where: str, conf_dir: Path, need_none: bool = True) -> 
     return out
 
 
-def _options(conf_dir: Path, group: str) -> list[str]:
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+def _dirs(conf_dir: Path | list[Path]) -> list[Path]:
+    """The config folders: conf/ and a matrix's ``searchpath`` (plug-in options), in Hydra's order."""
+    return list(conf_dir) if isinstance(conf_dir, (list, tuple)) else [conf_dir]
+
+
+def _options(conf_dir: Path | list[Path], group: str) -> list[str]:
+    return sorted({p.stem for d in _dirs(conf_dir) for p in (d / group).glob("*.yaml")})
 
 
 def _safe(value: Any, key: str) -> str:
@@ -113,9 +118,10 @@ def _detectors(value: Any, key: str, allowed: list[str]) -> tuple[str, ...]:
     return tuple(_option(n, key, allowed) for n in names)
 
 
-def _fault_keys(conf_dir: Path, name: str) -> list[str]:
+def _fault_keys(conf_dir: Path | list[Path], name: str) -> list[str]:
     """The parameters a fault option defines (top-level keys of conf/fault/<name>.yaml but ``_target_``)."""
-    spec = yaml.safe_load((conf_dir / "fault" / f"{name}.yaml").read_text()) or {}
+    path = next(p for d in _dirs(conf_dir) if (p := d / "fault" / f"{name}.yaml").is_file())
+    spec = yaml.safe_load(path.read_text()) or {}
     return sorted(k for k in spec if not str(k).startswith("_"))
 
 
@@ -130,11 +136,18 @@ def _fault(value: Any, key: str, allowed: list[str], conf_dir: Path) -> Fault:
     for k, v in entry.items():
         if k not in known:
             raise MatrixError(f"{key}.{k}: not a parameter of fault {name}; allowed: {', '.join(known)}")
-        if not isinstance(v, (str, int, float, bool)):
-            raise MatrixError(f"{key}.{k}={v}: must be a string, number or boolean")
+        scalars = v if isinstance(v, list) else [v]
+        # a list: one value per planned fault (fault.at_step=[6,10,13], docs/faults.md)
+        if not scalars or not all(isinstance(x, (str, int, float, bool)) for x in scalars):
+            raise MatrixError(f"{key}.{k}={v}: must be a string, number or boolean, or a non-empty list of them")
         params[k] = v
-    default = ".".join([name] + [f"{k}={_safe(v, f'{key}.{k}')}" for k, v in params.items()])
+    # a list's values joined by '-' in the label (its brackets and commas are no file-name characters)
+    default = ".".join([name] + [f"{k}={_safe(_label_value(v), f'{key}.{k}')}" for k, v in params.items()])
     return Fault(name, params, _safe(label, f"{key}.label") if label is not None else default)
+
+
+def _label_value(value: Any) -> str:
+    return "-".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def parse_excludes(raw: Any, axes: dict[str, list[Any]], where: str,
@@ -202,6 +215,19 @@ def parse_overrides(raw: Any, where: str, axes: dict[str, list[Any]]) -> list[st
         if axis_set or k in ("fault", "detector") or str(k).startswith(("fault.", "hydra.")):
             raise MatrixError(f"{where}: overrides.{k}: set by the axes (or the pipeline); not allowed here")
         out.append(f"{k}={hydra_value(v)}")
+    return out
+
+
+def parse_searchpath(raw: Any, where: str, base: Path) -> list[Path]:
+    """``searchpath``: config folders holding plug-in options (docs/own_model.md); relative to the matrix file."""
+    entries = raw if isinstance(raw, list) else [raw]
+    out = []
+    for i, entry in enumerate(entries):
+        folder = base / str(entry)
+        if not isinstance(entry, str) or not folder.is_dir():
+            raise MatrixError(f"{where}: searchpath[{i}]={entry}: must be a config folder (absolute, or relative "
+                              f"to the matrix file)")
+        out.append(folder.resolve())
     return out
 
 

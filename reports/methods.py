@@ -64,7 +64,21 @@ RESULT_METRICS: list[tuple[str, str]] = [
              "from its first training step to its last. The one-time start-up and tear-down, which a real job "
              "amortizes over days, are outside; every restart, load, replay and checkpoint stall inside counts "
              "against it. This is the figure to compare with published ETTR and goodput."),
-    ("final_state_sha256", "SHA-256 of rank 0's final training state (model, optimizer, data position, RNG)."),
+    ("final_state_sha256", "SHA-256 of rank 0's final training state. Under train=replayable (the default) that "
+                           "is the whole state, model and optimizer: the RNG is re-seeded from (seed, step, rank) "
+                           "before every step and a batch is a function of the step, so neither is state. Under "
+                           "train=real it is model, optimizer and the job-wide parts (LR schedule, gradient scaler, "
+                           "step and sample counters); the per-rank parts (RNG streams, data loader position) are "
+                           "checked by state_parts and the ledger."),
+    ("state_parts", "Under train=real only (null under train=replayable): each part of the job's state (model, "
+                    "optimizer, lr_scheduler, scaler, train_state, rng, dataloader), hashed on every rank at its "
+                    "checked points (every checkpoint step, right after every load or in-place recovery, the end) "
+                    "and compared with the fault-free reference's hash at the same points: exact, or lost from the "
+                    "first step where it differs (docs/job_state.md)."),
+    ("ledger", "Under train=real with the token loader: the sample ids each rank trained on at each committed step "
+               "(a replayed step counts once, from the attempt that committed it) against the reference's: exactly "
+               "once, or how many samples were skipped and repeated and the first step that differs "
+               "(docs/job_state.md)."),
     ("replicas_agree", "Every rank ended with the same final state hash."),
 ]
 
@@ -72,7 +86,12 @@ DERIVED_METRICS: list[tuple[str, str]] = [
     ("matches_reference (bit-exact)", "The run's final state hash equals that of the fault-free reference run "
                                       "with the same workload, world size, steps and seed. A recovered run that "
                                       "matches lost no update and replayed every step exactly. Empty when either "
-                                      "run has no final state (unrecovered, failed)."),
+                                      "run has no final state (unrecovered, failed). Under train=real the final "
+                                      "hash does not cover the RNG streams and the data loader: the next row does."),
+    ("what each technique restores", "Under train=real: state_parts and ledger recomputed by the pipeline against "
+                                     "the cell's own reference cell (the same run the bit-exact column uses; "
+                                     "resilience.record.job_state). A row is a strategy and fault over its runs: "
+                                     "a part lost in any run is lost, from the earliest step."),
     ("write bandwidth", "ckpt_bytes / ckpt_durable_s, per run, in MB/s (10^6 bytes); the table shows the median "
                         "over runs, and its share of the probed disk write bandwidth of this machine."),
     ("checkpoint overhead", "ckpt_stall_s / (checkpoint.every x step_time_s): the stall as a share of the "

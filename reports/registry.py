@@ -61,9 +61,10 @@ class Projected:
 
 MEASURED: dict[str, Measured] = {}
 PROJECTED: dict[str, Projected] = {}
-HEADLINE_TABLES = ("headline_strategies", "headline_faults")
+HEADLINE_TABLES = ("headline_strategies", "headline_faults", "job_state")  # job_state: reports/job_state.py
 INVENTORY_TABLES = ("environment", "inventory")
-FIXED_SECTIONS = ("headline", "environment", "methods", "projection")  # the renderer's own, around the figures
+# the renderer's own, around the figures (job_state: reports/job_state.py)
+FIXED_SECTIONS = ("headline", "job_state", "environment", "methods", "projection")
 
 
 def register(figure: Measured | Projected) -> None:
