@@ -73,6 +73,8 @@ rule probe:
 rule run:
     """One cell: `python -m resilience <overrides> hydra.run.dir=results/<matrix>/runs/<cell>`, its outcome in
     done.json; its last log line (state and time) goes to the console."""
+    input:
+        PIPELINE.tokens,
     output:
         f"{RESULTS}/runs/{{cell}}/done.json",
     log:
@@ -88,6 +90,18 @@ rule run:
     shell:
         "python -m reports.cell {output:q} {params.spec:q} --timeout-min {resources.runtime} > {log:q} 2>&1 "
         "&& tail -n 1 {log:q}"
+
+
+rule tokens:
+    """The real loop's token file (train=real), built offline from this machine's Python sources, once."""
+    output:
+        PIPELINE.tokens,
+    log:
+        f"{RESULTS}/logs/tokens.log",
+    conda:
+        ENV
+    shell:
+        "python -m resilience.data.prepare --out $(dirname {output:q}) > {log:q} 2>&1"
 
 
 rule aggregate:

@@ -30,6 +30,7 @@ class PipelineConfig:
     allow_failed: bool
     probe: str  # the snapshot folder, results/<matrix>/probe/<stamp>
     run_dirs: list[Path]  # one per cell, whether it ran or not
+    tokens: str  # the real loop's token file (train.data=loader), built once by rule tokens
 
 
 def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
@@ -63,4 +64,7 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     os.environ.update(
         PATH=os.pathsep.join([str(Path(config.get("python", sys.executable)).parent), os.environ.get("PATH", "")])
     )
-    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs)
+    # The real loop's token file: one per machine, where every cell's loader looks for it (RB_DATA_DIR, the default
+    # of train.loader.dir), built by rule tokens before any cell (a cell would build it itself, each one at once).
+    data = os.environ.setdefault("RB_DATA_DIR", str(Path("data").resolve()))
+    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin")
