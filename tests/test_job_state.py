@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_experiment
+import torch
+
 from resilience.state.parts import Counters, JobParts, require_parts
+from resilience.state.train import RestorePoint, TrainState
 
 pytestmark = pytest.mark.slow
 
@@ -76,3 +79,17 @@ def test_a_strategy_names_only_parts_there_are():
     assert require_parts("strategy.parts", ["rng", "dataloader"]) == ("rng", "dataloader")
     with pytest.raises(ValueError, match=r"strategy.parts=\['rngs'\]: must be all, or a list of the parts"):
         require_parts("strategy.parts", ["rngs"])
+
+
+def test_a_load_that_loads_nothing_puts_the_parts_back_too():
+    """A rejected checkpoint leaves no trace (issue "job resume", item 8), in the job's parts as in the optimizer."""
+    model = torch.nn.Linear(2, 2)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                       JobParts(0, job={"train_state": Counters()}, per_rank={"dataloader": Counters()}))
+    state.parts.job["train_state"].advance(8, 512, 0)
+    before = state.parts.hashes()
+    point = RestorePoint(state)
+    state.parts.job["train_state"].advance(8, 512, 1)  # what a half-done load may have written
+    state.parts.per_rank["dataloader"].advance(1, 1, 1)
+    point.restore()
+    assert state.parts.hashes() == before
