@@ -80,7 +80,8 @@ def main(cfg: DictConfig) -> None:
     for caveat in [*roles.policy.caveats(roles.injector), *supervisor.caveats()]:
         print(f"warning: {caveat}", file=sys.stderr, flush=True)
     outcome = supervisor.run()
-    result = write_result(run_dir, judge=lambda r: judge(cfg, run_dir, r, list(hc.overrides.task)))
+    # with Hydra's own overrides: a reference run needs the plug-ins' hydra.searchpath (record/reference.py)
+    result = write_result(run_dir, judge=lambda r: judge(cfg, run_dir, r, [*hc.overrides.task, *hc.overrides.hydra]))
     lock.release()  # held until here: the directory was this run's while anything could write to it
     drop_checkpoints(cfg, multirun=hc.mode == RunMode.MULTIRUN)
     if outcome == "interrupted":  # Ctrl-C or SIGTERM: one line, the exit status of a process the signal ended

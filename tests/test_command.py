@@ -30,7 +30,7 @@ def test_help_lists_this_commands_groups_and_settings():
     done = run_cli("--help", timeout=60)
     assert done.returncode == 0, done.stderr
     groups = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and "[" in line]
-    assert groups == ["workload", "parallel", "strategy", "fault", "recovery", "detector"]  # not matrix, scenario
+    assert groups == ["workload", "parallel", "strategy", "fault", "recovery", "train", "detector"]  # not matrix
     assert "replica_torchft" in done.stdout and "keep_after_run" in done.stdout and "resilience-bench" in done.stdout
 
 

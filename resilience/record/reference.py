@@ -78,6 +78,11 @@ class ReferenceIndex:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.root / f"{key}.json", {"final_state_sha256": sha256, "run_dir": str(run_dir)})
 
+    def record_not_deterministic(self, key: str, run_dir: Path) -> None:
+        """A second fault-free run ended elsewhere: later runs of this training are not judged against either."""
+        known = self.lookup(key) or {}
+        atomic_write_json(self.root / f"{key}.json", {**known, "differing_run_dir": str(run_dir)})
+
 
 def is_reference(result: dict[str, Any]) -> bool:
     """A run whose final state is the reference of its training: fault-free, no checkpoint code, ended ok."""
@@ -94,6 +99,9 @@ def not_by_design(result: dict[str, Any]) -> str | None:
     return None
 
 
+NOT_DETERMINISTIC = "two fault-free runs of the same training differ: it is not deterministic here"
+
+
 def verdict(result: dict[str, Any], reference: dict[str, Any] | None, hint: str) -> dict[str, Any]:
     """``result.json``'s ``reference``: ``matches`` true / false, or null with ``why`` it was not checked."""
     own = result.get("final_state_sha256")
@@ -103,6 +111,9 @@ def verdict(result: dict[str, Any], reference: dict[str, Any] | None, hint: str)
         return {"matches": None, "why": design}
     if reference is None:
         return {"matches": None, "why": hint}
+    if "differing_run_dir" in reference:  # a NO here would blame the strategy for the training's own noise
+        return {"matches": None, "why": f"{NOT_DETERMINISTIC} ({reference['run_dir']} and "
+                                        f"{reference['differing_run_dir']}); no run of it is judged"}
     return {"matches": own == reference["final_state_sha256"], "sha256": reference["final_state_sha256"],
             "run_dir": reference["run_dir"]}
 
@@ -113,7 +124,7 @@ def said(v: dict[str, Any]) -> str:
         return f"  ended on the fault-free reference's state: yes, bit for bit ({v['run_dir']})"
     if v["matches"] is False:
         return (f"  ended on the fault-free reference's state: NO, the final state DIFFERS from "
-                f"{v['sha256'][:16]}... ({v['run_dir']})")
+                f"{v['sha256'][:16]}... ({v['run_dir']})" + (f": {v['why']}" if v.get("why") else ""))
     return f"  ended on the fault-free reference's state: not checked ({v['why']})"
 
 
@@ -127,7 +138,8 @@ def reference_overrides(overrides: list[str], index: Path) -> list[str]:
     itself in the same ``index``."""
     def kept_key(override: str) -> bool:
         name = override.split("=", 1)[0].lstrip("+~")
-        return name.split(".", 1)[0] in TRAINING_KEYS or name in TRAINING_KEYS
+        # hydra.searchpath: where a plug-in's options (a workload of the user's own) are found
+        return name.split(".", 1)[0] in TRAINING_KEYS or name in (*TRAINING_KEYS, "hydra.searchpath")
 
     kept = [o for o in overrides if kept_key(o)]
     return [*kept, f"strategy={REFERENCE_STRATEGY}", "fault=none", "detector=[process_exit]",
@@ -148,9 +160,10 @@ def judge(cfg: DictConfig, run_dir: Path, result: dict[str, Any], overrides: lis
         if known is None:
             index.record(key, result["final_state_sha256"], run_dir)
             return {"matches": None, "why": f"this run is the reference of its training (recorded in {index.root})"}
-        found = verdict(result, known, "")
+        found = verdict(result, {k: v for k, v in known.items() if k != "differing_run_dir"}, "")
         if found["matches"] is False:
-            found["why"] = "two fault-free runs of the same training differ: it is not deterministic here"
+            found["why"] = NOT_DETERMINISTIC
+            index.record_not_deterministic(key, run_dir)
         return found
     if known is None and check == "run" and isinstance(result.get("final_state_sha256"), str) \
             and not_by_design(result) is None:

@@ -9,6 +9,7 @@ from torch import nn
 from resilience.caps import WorkloadCaps
 from resilience.settings.checks import require_int
 from resilience.workloads.base import Workload, stream_seed
+from resilience.workloads.tokens import MarkovTokens
 
 
 def dropout(p: float) -> nn.Module:
@@ -84,8 +85,6 @@ class GPTWorkload(Workload):
             require_int(f"workload.{field}", value, 1)
         if d_model % n_head:
             raise ValueError(f"workload.d_model={d_model}: must be divisible by workload.n_head={n_head}")
-        if not 0.0 <= follow_prob <= 1.0:
-            raise ValueError(f"workload.follow_prob={follow_prob}: must be in [0, 1]")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"workload.dropout={dropout}: must be in [0, 1)")
         self.dropout = dropout
@@ -93,8 +92,7 @@ class GPTWorkload(Workload):
         self.seq_len, self.batch_size = seq_len, batch_size
         self.tokens_per_sample = seq_len
         self.lr, self.weight_decay, self.follow_prob = lr, weight_decay, follow_prob
-        g = torch.Generator().manual_seed(stream_seed(seed, "chain"))
-        self._next = torch.randperm(vocab, generator=g)  # the chain the model can learn
+        self.tokens = MarkovTokens(seed, vocab, seq_len, batch_size, follow_prob)
 
     def build_model(self) -> nn.Module:
         # Initialise under a private seed and restore the global generator: the run's RNG stays untouched.
@@ -107,16 +105,7 @@ class GPTWorkload(Workload):
         return torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=self.weight_decay, foreach=False)
 
     def batch(self, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        g = torch.Generator().manual_seed(stream_seed(self.seed, step, rank))
-        n, t = self.batch_size, self.seq_len + 1
-        tokens = torch.empty(n, t, dtype=torch.long)
-        tokens[:, 0] = torch.randint(self.vocab, (n,), generator=g)
-        follow = torch.rand(n, t, generator=g) < self.follow_prob
-        noise = torch.randint(self.vocab, (n, t), generator=g)
-        for i in range(1, t):
-            tokens[:, i] = torch.where(follow[:, i], self._next[tokens[:, i - 1]], noise[:, i])
-        tokens = tokens.to(device)
-        return tokens[:, :-1], tokens[:, 1:]
+        return self.tokens.batch(step, rank, device)
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, y = batch
