@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-# Where a run lives and which of its jobs this is, not what it computes: two runs that differ only here train the
-# same thing, and every job of one run (resume=) has the same identity.
-_NOT_CONFIG = ("run_dir", "run_id", "checkpoint.dir", "choices", "resume", "job")
+# Where a run lives and which of its jobs this is, and what it is compared with, not what it computes: two runs that
+# differ only here train the same thing, and every job of one run (resume=) has the same identity.
+_NOT_CONFIG = ("run_dir", "run_id", "checkpoint.dir", "choices", "resume", "job", "reference")
 
 
 def new_run_id() -> str:

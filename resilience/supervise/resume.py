@@ -30,7 +30,7 @@ from resilience.settings.command_line import overrides_of
 AUTO = "auto"
 RUN_DIR = "hydra.run.dir"
 # Which job of the run this is, and where it lives: not a training setting (resilience.settings.identity)
-NOT_COMPARED = ("run_dir", "run_id", "resume", "job")
+NOT_COMPARED = ("run_dir", "run_id", "resume", "job", "reference")  # as settings.identity: not the training
 
 
 def _overrides(argv: list[str]) -> dict[str, Any]:
