@@ -47,9 +47,7 @@ class Recipe:
         self.rt, self.workload, self.state = rt, workload, state
         self.reseed = str(t.rng) == "reseed"
         self.accum = int(t.grad_accum)
-        self.clip = None if t.clip_norm is None else float(t.clip_norm)
-        if self.clip is not None and not self.clip > 0:
-            raise ValueError(f"train.clip_norm={t.clip_norm}: must be a number > 0, or null (no clipping)")
+        self.clip = None if t.clip_norm is None else float(t.clip_norm)  # > 0 (settings.schema)
         precision = str(t.precision)
         self.autocast = AUTOCAST.get(precision)  # which workloads and strategies allow it: resilience.compat
         job: dict[str, Any] = {}

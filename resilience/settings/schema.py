@@ -134,7 +134,7 @@ class Train:
     warmup_steps: int = at_least(0, 0)
     min_lr_ratio: Number = at_least(0, 0.1)
     grad_accum: int = at_least(1, 1)
-    clip_norm: Optional[float] = None
+    clip_norm: Optional[float] = field(default=None, metadata={"above": 0})  # null: no clipping
     precision: Precision = Precision.fp32
     fp16_init_scale: Number = above(0, 65536.0)
     data: Data = Data.synthetic
@@ -195,7 +195,7 @@ def allowed(key: str) -> str:
     if kind is bool:
         return "must be true or false"
     if kind is Optional[float]:
-        return "must be a number, or null"
+        return f"must be a number {bound}, or null".replace("  ", " ")
     if kind is Optional[str]:
         return "must be a path, or null for the default"
     return f"must be a number {bound}".rstrip()
@@ -211,6 +211,8 @@ def check_ranges(cfg: Any) -> None:
         elif kind is int:
             require_int(key, value, meta.get("at_least", 0))
         elif kind is Number:
+            require_number(key, value, above=meta.get("above"), at_least=meta.get("at_least"))
+        elif kind is Optional[float] and value is not None:
             require_number(key, value, above=meta.get("above"), at_least=meta.get("at_least"))
 
 
