@@ -91,6 +91,7 @@ class PolicyCaps(Caps):
 class WorkloadCaps(Caps):
     sparse_gradients: bool = False  # some parameters have sparse gradients (embedding tables with sparse=True)
     reads_tokens: bool = False  # it trains on token windows of a text file (train.data=loader)
+    schedules_lr: bool = False  # it brings its own LR scheduler (workload.scheduler), in place of train.lr_schedule
 
 
 # A role's name is its option's name: written once, as the YAML file's and the module's name.

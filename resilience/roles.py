@@ -73,4 +73,4 @@ def combination(cfg: DictConfig, roles: Roles) -> Combination:
                        ranks_per_node=int(OmegaConf.select(cfg, "ranks_per_node", default=1)),
                        resume=OmegaConf.select(cfg, "resume", default=None),
                        **{f: str(OmegaConf.select(cfg, f"train.{f}", default=getattr(Combination, f)))
-                          for f in ("rng", "precision", "data")})
+                          for f in ("rng", "precision", "data", "lr_schedule")})

@@ -17,6 +17,12 @@ from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.environment import ENV_VAR
 from resilience.record.reference import INDEX_VAR as REFERENCE_INDEX_VAR
 
+# One run id for the whole session, set before any test starts a process: DLRover's in-process saver names its
+# sockets and segments by it (tests/test_rejected_load.py), and the multiprocessing fork server, shared by every
+# test of this process (the data loader's workers, DLRover's saver), keeps the environment it was started with:
+# a run id set later by one test would not reach a saver forked from a server another test started.
+os.environ.setdefault("TORCHELASTIC_RUN_ID", f"rbtest{os.getpid()}")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

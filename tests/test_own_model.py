@@ -39,6 +39,22 @@ MODEL = '''
             x = self.emb(idx).transpose(1, 2)
             x = self.conv(nn.functional.pad(x, (2, 0))).transpose(1, 2)  # left padding: causal
             return self.head(x + self.mlp(x))
+
+
+    class StridedWindows(torch.utils.data.Dataset):
+        """The user's own dataset: item i is the window at offset 7 * i * seq_len of the token file, with its id."""
+
+        def __init__(self, path: str, seq_len: int, samples: int) -> None:
+            self.data = torch.frombuffer(bytearray(open(path, "rb").read()), dtype=torch.uint8)
+            self.seq_len, self.samples = seq_len, samples
+
+        def __len__(self) -> int:
+            return self.samples
+
+        def __getitem__(self, i: int):
+            start = (7 * i * self.seq_len) % (len(self.data) - self.seq_len - 1)
+            window = self.data[start:start + self.seq_len + 1].long()
+            return torch.tensor(i), window[:-1], window[1:]
     '''
 
 
@@ -59,6 +75,12 @@ def user_model(tmp_path: Path) -> tuple[Path, Path]:
           _target_: my_model.TinyLM
           vocab: ${{..vocab}}
           dim: 32
+        scheduler:
+          _target_: torch.optim.lr_scheduler.StepLR
+          step_size: 3
+          gamma: 0.5
+        dataset:
+          _target_: my_model.StridedWindows
         """))
     return models, conf
 
@@ -83,9 +105,13 @@ def test_a_hugging_face_causal_lm_recovers_bit_exact(tmp_path):
 def test_a_module_from_a_folder_outside_the_project_recovers_bit_exact(tmp_path):
     _, conf = user_model(tmp_path)
     started = time.monotonic()
-    result = run_experiment(tmp_path / "run", "workload=tiny_lm", f"hydra.searchpath=[file://{conf}]", *KILL)
+    # the real loop: the user's dataset through the loader, the user's LR scheduler; each a part that must come back
+    result = run_experiment(tmp_path / "run", "workload=tiny_lm", f"hydra.searchpath=[file://{conf}]", *KILL,
+                            "train=real", "train.lr_schedule=constant")
     recovered_bit_exact(result)
     assert result["workload"] == "tiny_lm"
+    assert {p for p, v in result["state_parts"].items() if v["exact"]} >= {"lr_scheduler", "dataloader", "rng"}
+    assert result["ledger"]["exactly_once"] is True
     print(f"tiny_lm, killed and checked (its reference run included): {time.monotonic() - started:.0f} s")
 
 

@@ -11,14 +11,15 @@ from typing import Any
 
 from resilience.caps import Caps, DetectorCaps, InjectorCaps, ParallelCaps, PolicyCaps, StrategyCaps, WorkloadCaps
 from resilience.compat.options import GROUPS, listing, Option, options, run_settings
-from resilience.settings.schema import Data, Launcher, Precision, Rng
+from resilience.settings.schema import Data, Launcher, LrSchedule, Precision, Rng
 
 # The run's settings that rules read, and the values the table is rendered and tested over.
 RUN = {"world_size": (1, 2, 3, 4), "supervisor.launcher": tuple(launcher.value for launcher in Launcher),
        "supervisor.spares": (0, 1), "train.rng": tuple(m.value for m in Rng),
-       "train.precision": tuple(m.value for m in Precision), "train.data": tuple(m.value for m in Data)}
+       "train.precision": tuple(m.value for m in Precision), "train.data": tuple(m.value for m in Data),
+       "train.lr_schedule": tuple(m.value for m in LrSchedule)}
 _FIELD = {"world_size": "world_size", "supervisor.launcher": "launcher", "supervisor.spares": "spares",
-          "train.rng": "rng", "train.precision": "precision", "train.data": "data"}
+          "train.rng": "rng", "train.precision": "precision", "train.data": "data", "train.lr_schedule": "lr_schedule"}
 
 Judge = Callable[["Combination"], "str | None"]
 # Who judges an alternative for a hint: the table's ``refusal`` (resilience.compat), over its rows as they are when
@@ -51,6 +52,7 @@ class Combination:
     rng: str = Rng.reseed.value  # the training loop's (train.*): its RNG streams, precision and data
     precision: str = Precision.fp32.value
     data: str = Data.synthetic.value
+    lr_schedule: str = LrSchedule.constant.value
     hinted: bool = True  # False while the table judges an alternative for a hint (no hints within hints)
 
     def caps(self, group: str) -> Caps:

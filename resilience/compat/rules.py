@@ -221,6 +221,11 @@ RULES: list[Rule] = [
          lambda c: c.precision != "fp32" and c.workload.sparse_gradients,
          lambda c: f"train.precision={c.precision}: {c.set('workload')} has sparse embedding gradients, which "
                    f"autocast does not cover; use train.precision=fp32"),
+    Rule("one_lr_schedule", ("workload", "train.lr_schedule"),
+         "A workload that brings its own LR scheduler, with the loop's schedule too: the LR would be set twice.",
+         lambda c: c.workload.schedules_lr and c.lr_schedule != "constant",
+         lambda c: f"train.lr_schedule={c.lr_schedule}: {c.set('workload')} brings its own LR scheduler "
+                   f"(workload.scheduler); set train.lr_schedule=constant, or leave workload.scheduler out"),
     Rule("tokens_to_read", ("workload", "train.data"),
          "The token file's loader, with a workload that does not train on token windows.",
          lambda c: c.data == "loader" and not c.workload.reads_tokens,

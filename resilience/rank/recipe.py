@@ -54,7 +54,10 @@ class Recipe:
         per_rank: dict[str, Any] = {}
         if not self.reseed:
             per_rank["rng"] = RngState(stream_seed(workload.seed, rt.rank, "rng"))
-        if str(t.lr_schedule) == "warmup_cosine":
+        own = workload.build_scheduler(state.optimizer)  # one schedule or the other (resilience.compat)
+        if own is not None:
+            job["lr_scheduler"] = own
+        elif str(t.lr_schedule) == "warmup_cosine":
             shape = WarmupCosine(int(t.warmup_steps), int(cfg.steps), float(t.min_lr_ratio))
             job["lr_scheduler"] = torch.optim.lr_scheduler.LambdaLR(state.optimizer, shape)
         self.scaler = torch.amp.GradScaler(rt.device.type, init_scale=float(t.fp16_init_scale)) \
@@ -79,7 +82,9 @@ class Recipe:
         from resilience.data.loader import LoaderData
         from resilience.data.tokens import prepare_tokens
 
-        windows = TokenWindows(prepare_tokens(Path(str(settings.dir))), self.workload.seq_len, int(settings.samples))
+        tokens = prepare_tokens(Path(str(settings.dir)))
+        windows = self.workload.build_dataset(tokens, int(settings.samples)) or TokenWindows(
+            tokens, self.workload.seq_len, int(settings.samples))
         data = LoaderData(windows, rank=self.rt.rank, world_size=world_size, batch_size=self.workload.batch_size,
                           seed=stream_seed(self.workload.seed, "data") % 2**32, shuffle=bool(settings.shuffle),
                           num_workers=int(settings.workers))

@@ -40,6 +40,7 @@ from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DO
 from resilience.runtime.rank import RankRuntime
 from resilience.settings.identity import job_first_attempt
 from resilience.rank.recipe import Recipe
+from resilience.ckpt.replica_shards import is_sharded
 from resilience.state.train import TrainState, part_hashes, state_sha256
 from resilience.strategies.base import CheckpointStrategy
 from resilience.runtime.step import OwnsStep, StepControl
@@ -88,7 +89,7 @@ class Trainer:
             except RuntimeError as exc:  # a collective failed (torch's DistError is a RuntimeError): a peer died
                 step = self.strategy.recover(self.state, self.position, exc)
                 ev.step = step
-                self._hash_parts(step, "recovered")
+                self._hash_parts(step, "recovered", collective=False)  # the survivors alone recover
                 continue
             if loss_value is None:
                 continue  # the step was dropped: train it again
@@ -101,8 +102,8 @@ class Trainer:
                 last_t, last_step = now, step
         self.beater.beat(self.steps, FINISHED)
         self.strategy.wait()
+        self._hash_parts(self.steps, "end")  # the loader's state as it stands, before its workers are let go
         self.recipe.close()
-        self._hash_parts(self.steps, "end")
         digest = state_sha256(self.state.full_state_dict())
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
         ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
@@ -138,10 +139,13 @@ class Trainer:
         self._check_resumed(step + 1)
         return loss_value
 
-    def _hash_parts(self, position: int, why: str) -> None:
-        """The real loop's checked points (train=real): each part's hash, for the run's ``state_parts``."""
+    def _hash_parts(self, position: int, why: str, collective: bool = True) -> None:
+        """The real loop's checked points (train=real): each part's hash, for the run's ``state_parts``. Where not
+        every rank comes by (``collective=False``), a sharded model's parts, which gathering would need every rank
+        for, are left to the next checked point."""
         if self.state.parts:
-            self.rt.events.emit("parts_hashed", step=position, parts=part_hashes(self.state), why=why)
+            parts = part_hashes(self.state, whole=collective or not is_sharded(self.state.model))
+            self.rt.events.emit("parts_hashed", step=position, parts=parts, why=why)
 
     def _check_resumed(self, position: int) -> None:
         if self.resume_at is not None and position >= self.resume_at:

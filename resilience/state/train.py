@@ -81,8 +81,11 @@ class RestorePoint:
         self.job_parts.load_state_dict(self.parts)
 
 
-def part_hashes(state: TrainState) -> dict[str, str]:
-    """SHA-256 of each named part: model and optimizer (whole, however sharded), then the job's other parts."""
+def part_hashes(state: TrainState, whole: bool = True) -> dict[str, str]:
+    """SHA-256 of each named part: model and optimizer (whole, however sharded: a collective where sharded; left
+    out with ``whole=False``), then the job's other parts."""
+    if not whole:
+        return state.parts.hashes()
     full = state.full_state_dict()
     return {MODEL: state_sha256({"model": full["model"]}), OPTIMIZER: state_sha256({"optim": full["optim"]}),
             **state.parts.hashes()}

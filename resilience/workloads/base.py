@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 
+from pathlib import Path
+
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from resilience.caps import WorkloadCaps
 
@@ -42,6 +45,16 @@ class Workload(ABC):
     @abstractmethod
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """The optimizer over ``model``'s parameters."""
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """The workload's own LR scheduler over ``optimizer`` (``caps.schedules_lr``), or None: the loop's
+        ``train.lr_schedule`` applies."""
+        return None
+
+    def build_dataset(self, tokens: Path, samples: int) -> Dataset | None:
+        """The workload's own dataset for ``train.data=loader`` (items ``(id, x, y)``, ``samples`` of them, read
+        from the token file ``tokens`` or elsewhere), or None: the token file's windows."""
+        return None
 
     @abstractmethod
     def batch(self, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:

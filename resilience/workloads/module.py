@@ -1,11 +1,13 @@
 """Bring your own model: any ``nn.Module`` that maps token ids (B, T) to next-token logits, trained as a causal LM on
-the project's token stream (or the token file of ``train.data=loader``). Model and optimizer are Hydra ``_target_``
-nodes; docs/own_model.md says what a model must meet to be checked bit for bit."""
+the project's token stream (or the token file of ``train.data=loader``). Model, optimizer, and optionally the LR
+scheduler and the dataset, are Hydra ``_target_`` nodes; docs/own_model.md says what a model must meet to be checked
+bit for bit."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.utils.data import Dataset
 
 from resilience.caps import WorkloadCaps
 from resilience.workloads.base import Workload, stream_seed
@@ -63,11 +66,17 @@ class ModuleWorkload(Workload):
         seq_len: int = 64,
         batch_size: int = 8,
         follow_prob: float = 0.8,
+        scheduler: Any = None,
+        dataset: Any = None,
     ) -> None:
         super().__init__(seed)
         self.python_path = add_python_path(python_path)
         self.model_cfg = _node(model, "model")
         self.optimizer_cfg = _node(optimizer if optimizer is not None else DEFAULT_OPTIMIZER, "optimizer")
+        # optional: an LR scheduler (called with the optimizer) and a dataset (called with path, seq_len, samples)
+        self.scheduler_cfg = None if scheduler is None else _node(scheduler, "scheduler")
+        self.dataset_cfg = None if dataset is None else _node(dataset, "dataset")
+        self.caps = replace(self.caps, schedules_lr=self.scheduler_cfg is not None)
         self.tokens = MarkovTokens(seed, vocab, seq_len, batch_size, follow_prob)
         self.vocab, self.seq_len, self.batch_size = vocab, seq_len, batch_size  # what train.data=loader reads
         self.tokens_per_sample = seq_len
@@ -102,6 +111,14 @@ class ModuleWorkload(Workload):
                              f"{type(optimizer).__name__}, not a torch.optim.Optimizer (leave _partial_ out: the "
                              f"parameters are its first argument)")
         return optimizer
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+        return None if self.scheduler_cfg is None else instantiate(self.scheduler_cfg, optimizer)
+
+    def build_dataset(self, tokens: Path, samples: int) -> Dataset | None:
+        if self.dataset_cfg is None:
+            return None
+        return instantiate(self.dataset_cfg, path=str(tokens), seq_len=self.seq_len, samples=samples)
 
     def batch(self, step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         return self.tokens.batch(step, rank, device)
