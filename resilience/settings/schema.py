@@ -194,9 +194,9 @@ def allowed(key: str) -> str:
         return f"must be an integer {bound}".rstrip()
     if kind is bool:
         return "must be true or false"
-    if kind is Optional[float]:
+    if kind == Optional[float]:  # ==, not is: typing caches these objects only so long
         return f"must be a number {bound}, or null".replace("  ", " ")
-    if kind is Optional[str]:
+    if kind == Optional[str]:
         return "must be a path, or null for the default"
     return f"must be a number {bound}".rstrip()
 
@@ -212,7 +212,7 @@ def check_ranges(cfg: Any) -> None:
             require_int(key, value, meta.get("at_least", 0))
         elif kind is Number:
             require_number(key, value, above=meta.get("above"), at_least=meta.get("at_least"))
-        elif kind is Optional[float] and value is not None:
+        elif kind == Optional[float] and value is not None:
             require_number(key, value, above=meta.get("above"), at_least=meta.get("at_least"))
 
 
