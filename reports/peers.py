@@ -44,7 +44,7 @@ def family(strategy: str) -> str | None:
 
 def not_applicable() -> str:
     """Cells no matrix may hold: what the table of rules refuses of a fault for a strategy (the command refuses
-    them in one line, resilience/compat.py), said here, never a silent pass."""
+    them in one line, resilience/compat/), said here, never a silent pass."""
     said = [f"{refused} ({r.doc.rstrip('.')})" for r in compat.RULES if set(r.reads) == {"fault", "strategy"}
             if (refused := compat.refused(r))]
     return f"Not applicable: {html.escape('; '.join(said), quote=False)}." if said else ""

@@ -1,7 +1,7 @@
 """Adding a role takes one class and one YAML, nothing else: a throw-away strategy, fault, detector and recovery
 policy, written from this test outside the project, run end to end through Hydra's config search path. The
 strategy declares a capability that no shipped strategy has, and brings the rule of the table that refuses a
-combination with it (resilience/compat.py)."""
+combination with it (resilience/compat/)."""
 
 from __future__ import annotations
 

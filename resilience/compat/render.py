@@ -55,7 +55,7 @@ def render() -> str:
     """``docs/compatibility.md``: the table, what each rule refuses among the options, what each option declares."""
     d = defaults()
     lines = ["# Which roles go together", "",
-             "<!-- Generated from the table in resilience/compat.py by `python -m resilience.compat > "
+             "<!-- Generated from the table in resilience/compat/rules.py by `python -m resilience.compat > "
              "docs/compatibility.md`; tests/test_compat.py checks that it is up to date. -->", "",
              "The command refuses a combination of roles that cannot run together before anything starts, in one "
              "line naming the settings and what is allowed (exit 2). Each rule below reads only what the roles "
