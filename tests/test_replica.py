@@ -192,6 +192,27 @@ def test_every_replica_lost_at_once_ends_the_run_without_spending_the_budget(tmp
     assert result["unrecoverable"] == "no rank holds the training state (every replica was lost at once)"
 
 
+def test_ranks_that_fail_together_are_one_incident_however_far_apart_the_polls_see_them():
+    """A node's ranks exit a few milliseconds apart: a poll between the two exits must still take them for one
+    incident (one generation, one restart of the budget), and a rank that fails well after is a new one."""
+    import subprocess
+    import sys
+    from resilience.supervise.replacing import SETTLE_S, ReplacingSupervisor
+    supervisor = ReplacingSupervisor.__new__(ReplacingSupervisor)
+    supervisor.cfg = OmegaConf.create({"supervisor": {"monitor_interval_s": 0.1}})
+    exits = {0: 0.0, 1: 0.1, 2: SETTLE_S + 2.0}  # rank -> seconds before it exits with code 3
+    supervisor._procs = {r: subprocess.Popen([sys.executable, "-c", f"import time, os; time.sleep({s}); os._exit(3)"])
+                         for r, s in exits.items()}
+    try:
+        supervisor._procs[0].wait()
+        assert supervisor._settle({0: 3}) == {1: 3}
+        assert supervisor._procs[2].poll() is None  # the settle did not wait for it
+    finally:
+        for p in supervisor._procs.values():
+            p.kill()
+            p.wait()
+
+
 BAD = [
     (("recovery=rollback",), "recovery=rollback", "recovery=restart"),
     (("fault=kill", "fault.phase=during_checkpoint", "fault.at_step=10"), "fault.phase=during_checkpoint",

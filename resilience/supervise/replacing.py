@@ -29,6 +29,9 @@ from resilience.supervise.supervisor import Supervisor
 
 
 NOTHING_TO_RECOVER = "no rank holds the training state (every replica was lost at once)"
+# Ranks that fail together (a node's ranks, killed at one step) exit a few milliseconds apart, more under load: a
+# poll that falls between them must not take one incident for two (two generations, the budget spent twice).
+SETTLE_S = 0.3
 
 
 class ReplacingSupervisor(Supervisor):
@@ -82,8 +85,11 @@ class ReplacingSupervisor(Supervisor):
             self._abort_hung(observer)
             time.sleep(float(self.cfg.supervisor.monitor_interval_s))
             return None
-        if set(failed) - self._killed:
+        if set(failed) - self._killed:  # detected now; the replacement waits for the ranks that go with them
             observer.exited({r: c for r, c in failed.items() if r not in self._killed})
+        if late := self._settle(failed):
+            observer.exited(late)
+            failed |= late
         self._killed.clear()
         if NOTHING_TO_RECOVER_EXIT in failed.values():
             events.emit("unrecoverable", ranks=sorted(r for r, c in failed.items() if c == NOTHING_TO_RECOVER_EXIT),
@@ -96,6 +102,16 @@ class ReplacingSupervisor(Supervisor):
             return "failed"
         self._replace(sorted(failed), events)
         return None
+
+    def _settle(self, failed: dict[int, int]) -> dict[int, int]:
+        """The ranks that fail within ``SETTLE_S`` after ``failed``: the same incident, replaced with them."""
+        late: dict[int, int] = {}
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and len(failed) + len(late) < len(self._procs):
+            time.sleep(float(self.cfg.supervisor.monitor_interval_s) / 4)
+            late |= {r: c for r, p in self._procs.items()
+                     if r not in failed and r not in late and (c := p.poll()) not in (None, 0)}
+        return late
 
     def _abort_hung(self, observer: Observer) -> None:
         """Kill the ranks a supervisor-side detector says to abort (a hang); their exit is then no news."""
