@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine; each creates or refreshes the project's virtual environment.
 #   make run    the main job: the default benchmark matrix and its report (results/default/report/index.html)
-#   make test   the test suite (what CI runs, through .ci/run)
+#   make test   the test suite (what CI runs, through .ci/run); make test-long: the sweeps CI leaves out
 #   make demo   one killed rank recovered and checked bit for bit (half a minute)
 PYTHON ?= python3
 VENV   ?= .venv
@@ -50,6 +50,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The sweeps CI leaves out (tests/tiers.py: the further strategies, libraries and phases of a mechanism CI covers
+# once); about 9 minutes on 2 idle cores. `pytest --all` runs both sets.
+.PHONY: test-long
+test-long: $(STAMP)
+	$(PY) -m pytest --long
 
 # The smoke matrix through profiles/slurm on a real SLURM cluster that the test starts and stops (two slurmd on this
 # machine), then one run across its two nodes (rule multinode; tests/test_slurm.py, workflow/slurm/local_cluster.py).

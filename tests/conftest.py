@@ -115,12 +115,39 @@ E2E_MODULES = {"test_faults", "test_recovery", "test_replica", "test_extend", "t
                "test_replica_torchft", "test_nvrx_heartbeat", "test_torchrun"}
 
 
-def pytest_collection_modifyitems(items) -> None:
+def pytest_addoption(parser) -> None:
+    tier = parser.getgroup("tier", "which tests run (tests/tiers.py)")
+    tier.addoption("--long", action="store_true", help="only the long tier (make test-long)")
+    tier.addoption("--all", action="store_true", help="both tiers: CI's set and the long one")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         code = getattr(getattr(item, "function", None), "__code__", None)
         runs = code is not None and "run_experiment" in code.co_names
         if item.module.__name__ in E2E_MODULES or runs or {"reference", "runs_root"} & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+    _choose_tier(config, items)
+
+
+def _choose_tier(config, items) -> None:
+    """CI's set by default, the long tier with ``--long``, both with ``--all``; a test named on the command line
+    runs whatever its tier. Collecting the whole suite, every entry of ``tiers.LONG`` must name a test."""
+    from tiers import LONG
+
+    ids = {item.nodeid for item in items}
+    if {Path(a).resolve() for a in config.args} == {ROOT / "tests"}:
+        stale = sorted(set(LONG) - ids)
+        if stale:
+            raise pytest.UsageError(f"tests/tiers.py names {len(stale)} test(s) that do not exist: {stale[0]}")
+    if config.getoption("all"):
+        return
+    named = tuple(a for a in config.args if "::" in a)
+    keep = [i for i in items if (i.nodeid in LONG) == config.getoption("long")
+            or any(i.nodeid == a or i.nodeid.startswith(a + "[") for a in named)]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
 
 # The sharded end-to-end tests' settings: gpt_tiny on 4 ranks, short (tests/test_sharded*.py).

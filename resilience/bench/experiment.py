@@ -7,6 +7,7 @@ in its own session and its whole process group ends with it (``resilience.proc.c
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from resilience.proc import child
@@ -21,3 +22,12 @@ def run_experiment(run_dir: Path, overrides: list[str], echo: bool = False, time
         why = f"ran over {timeout_s} s" if done.timed_out else f"exited {done.returncode}"
         raise RuntimeError(f"python -m resilience {' '.join(overrides)} {why}: {done.stderr[-800:]}")
     return json.loads((Path(run_dir) / "result.json").read_text())
+
+
+def run_afresh(run_dir: Path, overrides: list[str], timeout_s: float = 900) -> tuple[dict | None, int]:
+    """Run in an emptied ``run_dir``; its ``result.json`` (None where it wrote none) and the exit status, for benches
+    that count a failed run among their rows rather than stop at it."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    done = child.run(child.experiment_command(overrides, run_dir), timeout_s=timeout_s)
+    result = Path(run_dir) / "result.json"
+    return (json.loads(result.read_text()) if result.exists() else None), done.returncode

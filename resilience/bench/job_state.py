@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from resilience import compat
-from resilience.proc import child
+from resilience.bench.experiment import run_afresh
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json
 from resilience.state.parts import JOB_PARTS, MODEL, OPTIMIZER, RANK_PARTS
 
@@ -48,10 +48,8 @@ def command(strategy: str, kill: list[str], extra: list[str], index: Path) -> li
 def run(run_dir: Path, overrides: list[str]) -> dict:
     """Run one row; keep its verdicts and its command line in ``<run dir>/bench.json`` (the table is rendered from
     every row under ``--out``, so a row run again alone replaces only itself)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    done = child.run(child.experiment_command(overrides, run_dir), timeout_s=TIMEOUT_S)
-    result = run_dir / "result.json"
-    out = json.loads(result.read_text()) if result.exists() else {"status": f"harness error (exit {done.returncode})"}
+    out, code = run_afresh(run_dir, overrides, timeout_s=TIMEOUT_S)
+    out = out or {"status": f"harness error (exit {code})"}
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # the events hold the verdict; checkpoints fill disks
     kept = {k: out.get(k) for k in ("status", "reference", "state_parts", "ledger", "faults_injected", "recoveries")}
     atomic_write_json(run_dir / "bench.json", {**kept, "command": overrides})

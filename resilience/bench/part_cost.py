@@ -10,25 +10,21 @@ Prints each run's median checkpoint stall and size, then the medians' ratio (who
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
 from pathlib import Path
 
-from resilience.proc import child
+from resilience.bench.experiment import run_afresh
 
 PAIR = ("sync", "sync_model_only")
 REAL = ["train=real", "workload.dropout=0.1", "steps=20", "fault=none", "reference.check=none"]
 
 
 def measure(run_dir: Path, strategy: str, extra: list[str]) -> dict:
-    shutil.rmtree(run_dir, ignore_errors=True)
-    done = child.run(child.experiment_command([*REAL, f"strategy={strategy}", *extra], run_dir), timeout_s=600)
-    result = run_dir / "result.json"
-    if done.returncode != 0 or not result.exists():
-        raise SystemExit(f"error: the {strategy} run failed (exit {done.returncode}); see {run_dir}")
-    r = json.loads(result.read_text())
+    r, code = run_afresh(run_dir, [*REAL, f"strategy={strategy}", *extra], timeout_s=600)
+    if code != 0 or r is None:
+        raise SystemExit(f"error: the {strategy} run failed (exit {code}); see {run_dir}")
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
     return {"stall_s": r["ckpt_stall_s"], "bytes": r["ckpt_bytes"], "validity": r["validity"]["verdict"]}
 

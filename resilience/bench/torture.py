@@ -12,7 +12,6 @@ temporary files (all must be 0).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
@@ -24,7 +23,7 @@ from injectors.base import PHASES
 from injectors.ckpt_damage import HOW
 from resilience import compat
 from resilience.bench import lineup
-from resilience.proc import child
+from resilience.bench.experiment import run_afresh
 from resilience.proc.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.events import read_events
@@ -67,12 +66,8 @@ def damage_point(rng: random.Random, world: int, how: str) -> list[str]:
 
 
 def run(run_dir: Path, overrides: list[str]) -> dict | None:
-    shutil.rmtree(run_dir, ignore_errors=True)
-    done = child.run(child.experiment_command(overrides, run_dir), timeout_s=TIMEOUT_S)
-    result = run_dir / "result.json"
-    if done.returncode != 0 or not result.exists():
-        return None
-    return json.loads(result.read_text())
+    result, code = run_afresh(run_dir, overrides, timeout_s=TIMEOUT_S)
+    return result if code == 0 else None
 
 
 def leftovers(run_dir: Path) -> tuple[int, int, int]:

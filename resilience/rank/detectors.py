@@ -32,6 +32,7 @@ class RankDetectors:
 
     def __init__(self, detectors: list[Detector], policy: RecoveryPolicy) -> None:
         self.detectors, self.policy = detectors, policy
+        self.rt: RankRuntime | None = None  # attached once the rank's runtime exists
         self.needs_grad_norm = any(d.caps.needs_grad_norm for d in detectors)
 
     def rejection_report(self) -> RejectionReport | None:
@@ -61,6 +62,10 @@ class RankDetectors:
         self._handle([x for d in self.detectors for x in d.on_step_end(step)])
 
     def on_exception(self, exc: BaseException) -> None:
+        """What the detectors make of the error that ends the rank; nothing before they are attached (the error
+        came while the rank was being set up, which no detector watches)."""
+        if self.rt is None:
+            return
         for x in [x for d in self.detectors for x in d.on_exception(exc)]:
             emit_detection(self.rt.events, x)
 

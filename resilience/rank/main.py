@@ -144,7 +144,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
                     rollback_to=req.detection.rollback_to, fsync=True)
         raise
     except Exception as exc:  # record why this rank stopped, then fail the attempt
-        if detectors is not None and hasattr(detectors, "rt"):
+        if detectors is not None:
             detectors.on_exception(exc)
         events.emit("rank_error", error=f"{type(exc).__name__}: {exc}"[:2000], fsync=True)
         traceback.print_exc()

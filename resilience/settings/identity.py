@@ -8,9 +8,12 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-# Where a run lives and which of its jobs this is, and what it is compared with, not what it computes: two runs that
-# differ only here train the same thing, and every job of one run (resume=) has the same identity.
-_NOT_CONFIG = ("run_dir", "run_id", "checkpoint.dir", "choices", "resume", "job", "reference")
+# Which run this is, which of its jobs, and what it is compared with, not what it computes: every job of one run
+# (resume=) differs from the first only here (resilience.supervise.resume compares the rest).
+NOT_TRAINING = ("run_dir", "run_id", "resume", "job", "reference")
+# Also where its checkpoints go and the names of the options chosen (their settings are hashed): two runs that differ
+# only in these train the same thing.
+_NOT_CONFIG = (*NOT_TRAINING, "checkpoint.dir", "choices")
 
 
 def new_run_id() -> str:

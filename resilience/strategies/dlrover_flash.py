@@ -321,10 +321,9 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     def close(self) -> None:
         super().close()
-        checkpointer = getattr(self, "checkpointer", None)
-        if checkpointer is not None:
-            checkpointer._engine.close()
-        if getattr(self, "sharded", None) is not None:
+        if self.checkpointer is not None:
+            self.checkpointer._engine.close()
+        if self.sharded is not None:
             self.sharded.close()
 
 

@@ -94,6 +94,7 @@ class ReplicaTorchft(PeerStrategy, CheckpointStrategy, StepControl):
         self.quorum_timeout_s = require_number("strategy.quorum_timeout_s", quorum_timeout_s, above=0)
         self.timeout_s = require_number("strategy.timeout_s", timeout_s, above=0)
         self.choose_patches(patches)
+        self.manager: Any = None  # torchft.Manager, built at attach (the library is imported there)
 
     def agent_service(self) -> Lighthouse:
         return Lighthouse(self.min_replicas, round(self.heartbeat_timeout_s * 1000),
@@ -245,9 +246,8 @@ class ReplicaTorchft(PeerStrategy, CheckpointStrategy, StepControl):
         return None  # a replacement heals at its first quorum (``begin``), not here
 
     def close(self) -> None:
-        manager = getattr(self, "manager", None)
-        if manager is not None:
-            manager.shutdown(wait=False)  # its server, the HTTP transport, the quorum thread
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)  # its server, the HTTP transport, the quorum thread
 
 
 def _generation(run_dir) -> int:

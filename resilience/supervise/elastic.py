@@ -76,6 +76,11 @@ class ObservedAgent(LocalElasticAgent):
                         if w.global_rank in doomed:
                             kill_hard(pids[w.local_rank])
         result = super()._monitor_workers(worker_group)
+        if not self._reported and result.failures:  # a rank died between our look and the agent's
+            self._reported = True
+            exited = {rank: failure.exitcode for rank, failure in result.failures.items()}
+            self._failed = sorted([r for r, code in exited.items() if code < 0] or exited)
+            self._observer.exited(exited)
         if self._grow is not None and result.state == WorkerState.HEALTHY:
             if self._follow(worker_group) is not None:  # its ranks start again with the others, from that checkpoint
                 self._start_again(worker_group, self._full)

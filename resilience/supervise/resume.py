@@ -26,11 +26,10 @@ from resilience.proc.started import process_started_wall
 from resilience.record.events import EVENTS_FILE, EventLog, read_events
 from resilience.record.query import first, job_death, last_job
 from resilience.settings.command_line import overrides_of
+from resilience.settings.identity import NOT_TRAINING
 
 AUTO = "auto"
 RUN_DIR = "hydra.run.dir"
-# Which job of the run this is, and where it lives: not a training setting (resilience.settings.identity)
-NOT_COMPARED = ("run_dir", "run_id", "resume", "job", "reference")  # as settings.identity: not the training
 
 
 def _overrides(argv: list[str]) -> dict[str, Any]:
@@ -137,7 +136,7 @@ def first_difference(old: DictConfig, new: DictConfig) -> str | None:
     a, b = _flat(OmegaConf.to_container(old, resolve=True)), _flat(OmegaConf.to_container(new, resolve=True))
     # a group's option first: a changed strategy= changes its settings too, and the option says it best
     for key in sorted(set(a) | set(b), key=lambda k: (not k.startswith("choices."), k)):
-        if key.split(".")[0] in NOT_COMPARED or a.get(key) == b.get(key):
+        if key.split(".")[0] in NOT_TRAINING or a.get(key) == b.get(key):
             continue
         shown = key.removeprefix("choices.")  # a group's option: strategy=sync
         return (f"{shown}={_said(b.get(key, '(not set)'))} differs from the first job's "

@@ -62,6 +62,7 @@ class Supervisor(ABC):
         self.detectors, self.policy, self.max_restarts = detectors, policy, policy.max_restarts
         self.run_dir = Path(cfg.run_dir)
         self.world_size = int(cfg.world_size)
+        self._services: list[AgentService] | None = None  # built at the first ask, once for the whole run
 
     def run(self) -> str:
         """Return the outcome: "succeeded", "failed" (restart budget exhausted) or "interrupted" (SIGINT/SIGTERM;
@@ -117,7 +118,7 @@ class Supervisor(ABC):
 
     def agent_services(self) -> list[AgentService]:
         """What the strategy and the detectors run in the supervisor process across rank restarts (built once)."""
-        if not hasattr(self, "_services"):
+        if self._services is None:
             found = [self.strategy.agent_service(), *(d.agent_service() for d in self.detectors)]
             self._services = [s for s in found if s is not None]
         return self._services

@@ -1,0 +1,70 @@
+"""Which tests CI leaves to ``make test-long``: the sweeps, each beside the test that keeps its kind in CI.
+
+``make test`` (what ``.ci/run`` runs) has a 15-minute goal on 2 idle cores; ``make test-long`` runs the tests below
+(``pytest --long``; ``pytest --all`` runs both sets). Every check stays in the project: a test moves here only when
+CI keeps a real-process test of the same role kind and the same fault kind (named after ``#``), so what lands here
+is the second and further strategy, library or phase of one mechanism. A test named on the command line
+(``pytest tests/x.py::test_y``) runs whatever its tier.
+"""
+
+from __future__ import annotations
+
+LONG: dict[str, str] = {
+    # kill and recover per sharded strategy: CI keeps fsdp-sync-kill and hsdp-inmemory-node_loss
+    "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[hsdp-dcp_async-kill]": "sharded sweep",
+    "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[fsdp-async-kill]": "sharded sweep",
+    # resharding 4 -> 2: CI keeps 2 -> 4 (tests/test_grow.py)
+    "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
+    # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded
+    "tests/test_sharded_nvrx.py::test_hsdp_killed_during_a_save_recovers_bit_exact": "library x parallelism",
+    "tests/test_sharded_dlrover.py::test_hsdp_killed_in_a_save_restores_every_rank_from_dlrovers_memory_bit_exact":
+        "library x parallelism",
+    "tests/test_hsdp_replica.py::test_hsdp_replica_moves_one_shard_and_ends_bit_exact": "recovery x parallelism",
+    # a kill in each library's save: CI keeps dlrover_flash's and ours (tests/test_strategies.py)
+    "tests/test_peers.py::test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact[torchsnapshot]":
+        "crash sweep",
+    "tests/test_peers.py::test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact[nvrx_async]": "crash sweep",
+    "tests/test_peers.py::test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact[dcp_async_staged]":
+        "crash sweep",
+    "tests/test_peers.py::test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact[dcp_async_process]":
+        "crash sweep",
+    # DLRover's memory copy: CI keeps the declared copy's recovery
+    "tests/test_peers.py::test_dlrover_memory_recovery_as_shipped_and_with_the_declared_copy"
+    "[dlrover_flash_shipped-False]": "library as shipped",
+    "tests/test_peers.py::test_dlrover_node_loss_takes_the_memory_copy_with_it": "node loss, covered by inmemory's",
+    # the real loop: CI keeps the three kills and the negative control that restores the loader but not the RNG
+    "tests/test_job_state.py::test_fp16_a_kill_after_steps_the_scaler_skipped_recovers_exact": "precision sweep",
+    "tests/test_job_state.py::test_the_negative_controls_are_named_not_exact_with_the_parts_they_lose"
+    "[sync_model_only-must_lose0]": "second negative control",
+    "tests/test_multi_fault.py::test_three_kills_one_during_a_save_are_each_recovered_and_the_run_ends_bit_exact":
+        "covered by the real loop's three kills (tests/test_job_state.py)",
+    "tests/test_own_model.py::test_own_models_run_in_a_pipeline_matrix": "CI keeps the user module's kill run",
+    # detectors and launchers: CI keeps one real-process test of each
+    "tests/test_detectors.py::test_a_slow_save_is_not_a_hang_but_a_stall_is": "detector nuance",
+    "tests/test_nvrx_heartbeat.py::test_fault_free_run_has_no_verdict": "CI keeps its kill-the-hung-rank run",
+    "tests/test_ft_launcher.py::test_a_hung_rank_is_killed_by_nvrx_and_the_run_recovers_bit_exact":
+        "CI keeps NVRx's heartbeat under our launcher and ft_launcher's fault-free run",
+    "tests/test_nvrx_inprocess.py::test_fault_free_run_is_the_plain_run": "CI keeps its in-process restart",
+    "tests/test_recovery.py::test_torchrun_two_nodes_recover_bit_exact": "CI keeps tests/test_torchrun.py",
+    "tests/test_faults.py::test_fault_scenario[hang-sigstop]": "CI keeps hang-stall",
+    # the same mechanism at another step or phase
+    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[whole-world-one-node]": "inmemory sweep",
+    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[kill-mid-snapshot]": "inmemory sweep",
+    "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]": "CI keeps sync's resume",
+    "tests/test_recovery.py::test_kill_and_recover_bit_exact[async-3]": "kill-step sweep",
+    "tests/test_recovery.py::test_kill_and_recover_bit_exact[sync-2]": "kill-step sweep",
+    "tests/test_strategies.py::test_kill_and_recover_bit_exact[async-before_forward]": "CI keeps during_checkpoint",
+    "tests/test_strategies.py::test_kill_and_recover_bit_exact[dcp_async-before_forward]": "CI keeps during_checkpoint",
+    "tests/test_replica.py::test_survivors_keep_running_and_end_bit_exact[hang-1]": "replica sweep",
+    "tests/test_replica.py::test_survivors_keep_running_and_end_bit_exact[spare]": "CI keeps while_replacing[spare]",
+    "tests/test_replica.py::test_while_replacing_continue_trains_at_reduced_width_and_heals_consistent[late]":
+        "replica sweep",
+    "tests/test_replica.py::test_reconcile_redoes_the_step_and_fills_a_replacement[65536]": "bucket-size sweep",
+    "tests/test_replica_torchft.py::test_with_every_group_required_the_survivor_waits_and_the_heal_is_bit_exact":
+        "CI keeps the kill-and-heal run",
+    "tests/test_replica_torchft.py::test_as_shipped_the_survivor_of_a_kill_mid_allreduce_crashes":
+        "library as shipped",
+    # projection and matrices: CI keeps the default matrix's dry run and the smoke matrix end to end
+    "tests/test_parity.py::test_costs_fitted_on_one_measured_run_predict_another": "two measured runs",
+    "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[peers]": "big matrix",
+}
