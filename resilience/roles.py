@@ -72,5 +72,6 @@ def combination(cfg: DictConfig, roles: Roles) -> Combination:
                        launcher=cfg.supervisor.launcher, spares=int(cfg.supervisor.spares),
                        ranks_per_node=int(OmegaConf.select(cfg, "ranks_per_node", default=1)),
                        resume=OmegaConf.select(cfg, "resume", default=None),
+                       on_notice=bool(OmegaConf.select(cfg, "checkpoint.on_notice", default=False)),
                        **{f: str(OmegaConf.select(cfg, f"train.{f}", default=getattr(Combination, f)))
                           for f in ("rng", "precision", "data", "lr_schedule")})

@@ -17,9 +17,10 @@ from resilience.settings.schema import Data, Launcher, LrSchedule, Precision, Rn
 RUN = {"world_size": (1, 2, 3, 4), "supervisor.launcher": tuple(launcher.value for launcher in Launcher),
        "supervisor.spares": (0, 1), "train.rng": tuple(m.value for m in Rng),
        "train.precision": tuple(m.value for m in Precision), "train.data": tuple(m.value for m in Data),
-       "train.lr_schedule": tuple(m.value for m in LrSchedule)}
+       "train.lr_schedule": tuple(m.value for m in LrSchedule), "checkpoint.on_notice": (False, True)}
 _FIELD = {"world_size": "world_size", "supervisor.launcher": "launcher", "supervisor.spares": "spares",
-          "train.rng": "rng", "train.precision": "precision", "train.data": "data", "train.lr_schedule": "lr_schedule"}
+          "train.rng": "rng", "train.precision": "precision", "train.data": "data", "train.lr_schedule": "lr_schedule",
+          "checkpoint.on_notice": "on_notice"}
 
 Judge = Callable[["Combination"], "str | None"]
 # Who judges an alternative for a hint: the table's ``refusal`` (resilience.compat), over its rows as they are when
@@ -53,6 +54,7 @@ class Combination:
     precision: str = Precision.fp32.value
     data: str = Data.synthetic.value
     lr_schedule: str = LrSchedule.constant.value
+    on_notice: bool = False  # checkpoint.on_notice: save on a preemption's SIGTERM
     hinted: bool = True  # False while the table judges an alternative for a hint (no hints within hints)
 
     def caps(self, group: str) -> Caps:

@@ -119,6 +119,11 @@ RULES: list[Rule] = [
          lambda c: f"{c.set('fault')}: ends the whole job, and {c.set('strategy')} keeps the state only in the "
                    f"ranks' memory, which the job takes with it; use "
                    f"{c.instead('strategy', lambda s: not s.recovers_in_place)}"),
+    Rule("a_save_on_notice", ("strategy", "checkpoint.on_notice"),
+         "A save on a preemption's notice, with a strategy that never saves.",
+         lambda c: c.on_notice and not c.strategy.saves,
+         lambda c: f"checkpoint.on_notice=true: {c.set('strategy')} never saves, so there is nothing to save on the "
+                   f"notice; use {c.instead('strategy', lambda s: s.saves)}"),
     Rule("a_job_to_resume", ("strategy", "resume"),
          "A resume in a new job, with a strategy whose state lived only in the ranks of the job that died.",
          lambda c: c.resume is not None and c.strategy.recovers_in_place,

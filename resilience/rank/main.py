@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
 from resilience.rank.detectors import RankDetectors, RecoveryRequested
+from resilience.rank.notice import NOTICE_EXIT, NoticeHonoured
 from resilience.record.events import EventLog, read_events
 from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
@@ -79,6 +80,8 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         sys.exit(RECOVERY_EXIT if req.reaction in ("restart", "rollback") else 1)
     except NothingToRecover:  # recorded (rank_error); the supervisor stops restarting
         sys.exit(NOTHING_TO_RECOVER_EXIT)
+    except NoticeHonoured:  # saved on a preemption's notice: the job is ending, a new one goes on
+        sys.exit(NOTICE_EXIT)
     except Exception:  # the supervisor sees the failure
         sys.exit(1)
 
@@ -142,6 +145,8 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     except RecoveryRequested as req:
         events.emit("recovery_requested", reaction=req.reaction, detector=req.detection.detector,
                     rollback_to=req.detection.rollback_to, fsync=True)
+        raise
+    except NoticeHonoured:  # not a failure: recorded (notice_saved)
         raise
     except Exception as exc:  # record why this rank stopped, then fail the attempt
         if detectors is not None:

@@ -14,6 +14,10 @@ One attempt on one rank:
    ``fault_hook("during_checkpoint")`` inside the write);
 3. ``strategy.wait`` until every save is durable, then the parts' hashes and the final state hash (``run_end``).
 
+With ``checkpoint.on_notice=true`` every step ends with the ranks agreeing whether a preemption's notice came
+(``resilience.rank.notice``); when it did, ``strategy.save_now`` (unless the step just saved) and
+``strategy.wait``, then the rank ends (``NoticeHonoured``) and the run goes on in a new job.
+
 When a step raises a ``RuntimeError`` (a collective failed: a peer died), ``strategy.recover`` either recovers in
 place and names the step to go on from (``replica``), or re-raises and this process fails (every other strategy).
 
@@ -35,6 +39,7 @@ import time
 from omegaconf import DictConfig
 
 from resilience.rank.detectors import RankDetectors
+from resilience.rank.notice import Notice, NoticeHonoured
 from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
 from resilience.runtime.rank import RankRuntime
@@ -65,6 +70,7 @@ class Trainer:
         # Where the previous attempt was hit: reaching it again marks the end of the recovery.
         faults = [e["step"] for e in read_events(rt.run_dir) if e["kind"] == "fault_injected"]
         self.resume_at = faults[-1] if faults and rt.attempt > 0 else None
+        self.notice = Notice(rt.device) if cfg.checkpoint.on_notice else None
 
     def run(self) -> str:
         """Train to ``steps``; return the SHA-256 of the final model and optimizer state."""
@@ -94,6 +100,8 @@ class Trainer:
             if loss_value is None:
                 continue  # the step was dropped: train it again
             step += 1
+            if self.notice is not None and step < self.steps and self.notice.agreed():
+                self._save_on_notice(step)
             if rt.rank == 0 and (step % self.log_every == 0 or step == self.steps):
                 now = time.monotonic()
                 rate = (step - last_step) / max(now - last_t, 1e-9)
@@ -138,6 +146,21 @@ class Trainer:
             self.beater.beat(step, STEP_DONE)
         self._check_resumed(step + 1)
         return loss_value
+
+    def _save_on_notice(self, step: int) -> None:
+        """Save the state after ``step`` (unless that step's save just ran), wait until it is durable, end."""
+        assert self.notice is not None and self.notice.at is not None
+        self.rt.events.emit("notice", step=step, noticed_s=time.monotonic() - self.notice.at)
+        if not self.strategy.due(step, self.steps):
+            self._hash_parts(step, "checkpoint step")
+            self.beater.beat(step, CKPT_IO)
+            self.strategy.save_now(step, self.state)
+        self.strategy.wait()
+        self.rt.events.emit("notice_saved", step=step, saved_s=time.monotonic() - self.notice.at, fsync=True)
+        if self.rt.rank == 0:
+            print(f"[rank 0 attempt {self.rt.attempt}] saved step {step} on the preemption's notice; the run goes "
+                  f"on with resume=", flush=True)
+        raise NoticeHonoured(step)
 
     def _hash_parts(self, position: int, why: str, collective: bool = True) -> None:
         """The real loop's checked points (train=real): each part's hash, for the run's ``state_parts``. Where not

@@ -103,6 +103,10 @@ _RANK: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("recovery_requested", ("reaction", "detector", "rollback_to"), "a detection asks the supervisor for a restart"),
     ("rank_error", ("error",), "the rank fails with this exception"),
     ("run_end", ("final_state_sha256", "peak_rss_mb"), "the rank trained every step; the hash of its final state"),
+    ("notice", ("noticed_s",), "checkpoint.on_notice: the ranks agree at the end of `step` that a preemption's "
+     "SIGTERM came (`noticed_s` ago on this rank)"),
+    ("notice_saved", ("saved_s",), "the checkpoint of `step` saved on the notice is durable, `saved_s` after it; "
+     "the rank ends and the run goes on in a new job"),
     ("parts_hashed", ("parts", "why"), "train=real: the SHA-256 of each part of the job's state at `step` (`why`: "
      "checkpoint step, loaded, recovered or end), compared with the fault-free run's at the same step"),
 )

@@ -64,6 +64,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result.update(world_sizes(events, launch))  # recovery=shrink|grow: the sizes trained at (none if it kept its size)
     result.update(inprocess_recovery(events))  # NVRx's in-process restart: in place, or the supervisor's fallback
     result.update(_job_restarts(restarts))  # resume=: the whole job died and a new one went on
+    result["notice"] = _notice(events)  # fault=preempt, checkpoint.on_notice: what the job made of its notice
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
     result["validity"] = _validity(first(sup, "host_load"))
     memory = first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
@@ -233,6 +234,20 @@ def _recovery_time(window: RecoveryWindow) -> dict[str, Any]:
         "load": t_loaded - window.start["t_mono"],
         "replay": window.resumed["t_mono"] - t_loaded,
     }}
+
+
+def _notice(events: list[dict]) -> dict[str, Any] | None:
+    """A preemption's notice (fault=preempt): its grace period, and with checkpoint.on_notice the step saved on it
+    and how long after the SIGTERM it was durable; ``fitted``: durable within the grace period (None: no save was
+    tried). None when the run had no notice."""
+    given = first(events, "fault_injected", fault="preempt")
+    noticed, saved = first(events, "notice", rank=0), first(events, "notice_saved", rank=0)
+    if given is None and noticed is None:
+        return None
+    grace = given.get("grace_s") if given else None
+    return {"grace_s": grace, "step": noticed["step"] if noticed else None,
+            "saved_s": saved["saved_s"] if saved else None,
+            "fitted": None if noticed is None else saved is not None and (grace is None or saved["saved_s"] <= grace)}
 
 
 def _job_restarts(restarts: list[JobRestart]) -> dict[str, Any]:

@@ -148,6 +148,12 @@ def summarize(r: dict[str, Any]) -> str:
                      f"died at step {j['died_at_step']}; lost steps {j['lost_steps']}): back in "
                      f"{_fmt(j['job_restart_s'], ' s')} (gap {_fmt(b['gap'])} + start-up {_fmt(b['startup'])} + "
                      f"load {_fmt(b['load'])} + replay {_fmt(b['replay'])})")
+    if r.get("notice"):  # fault=preempt: the SIGTERM came with a grace period
+        n = r["notice"]
+        saved = (f"saved step {n['step']} {_fmt(n['saved_s'], ' s')} after it "
+                 f"({'within' if n['fitted'] else 'NOT within'} the grace period)" if n["step"] is not None
+                 else "no save on it (checkpoint.on_notice=false)")
+        lines.append(f"  preempted with {_fmt(n['grace_s'], ' s')} of notice: {saved}")
     if r.get("unrecoverable"):
         lines.append(f"  not recoverable: {r['unrecoverable']}")
     lines.append(f"  checkpoints {r['ckpt_count']} x {_fmt(r['ckpt_bytes'], ' B')}, stall {_fmt(r['ckpt_stall_s'], ' s')}, "

@@ -57,6 +57,7 @@ class Checkpoint:
     keep: int = at_least(1, 2)
     dir: Optional[str] = None
     keep_after_run: Any = "auto"  # auto | true | false: OmegaConf has no Literal type (checked in config.resolve)
+    on_notice: bool = False  # save on a preemption's SIGTERM (resilience.rank.notice)
 
 
 @dataclass

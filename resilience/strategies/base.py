@@ -65,8 +65,16 @@ class CheckpointStrategy(Named, ABC):
 
     def save(self, step: int, total_steps: int, state: TrainState) -> None:
         """Checkpoint ``state`` (the state after ``step`` optimizer steps) if one is due."""
-        if not self.due(step, total_steps):
-            return
+        if self.due(step, total_steps):
+            self._checkpoint(step, state)
+
+    def save_now(self, step: int, state: TrainState) -> None:
+        """Checkpoint ``state`` now, off the interval (a preemption's notice: ``resilience.rank.notice``), as a due
+        save does; a strategy that never saves does nothing."""
+        if self.caps.saves:
+            self._checkpoint(step, state)
+
+    def _checkpoint(self, step: int, state: TrainState) -> None:
         self.rt.events.emit("ckpt_begin", step=step)
         self._stalled = step
         self._save(step, state)

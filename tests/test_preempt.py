@@ -1,0 +1,64 @@
+"""A preemption with notice (issue 30, items 2 and 3): ``fault=preempt`` sends SIGTERM to the supervisor and every
+rank and SIGKILLs what is left after ``fault.grace_s``; without ``checkpoint.on_notice`` the steps since the last
+checkpoint are lost, with it the ranks finish the step, save, and the resumed job loses nothing. Both resumed runs
+end bit-exact with the fault-free run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import left_nothing, refusal, run_cli, run_experiment
+from resilience.ckpt.shm_store import SHM_DIR
+from resilience.record.events import read_events
+
+TRAINING = ("workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
+AT = 6  # preempted before step 6's forward: the newest checkpoint is step 4's
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory) -> dict:
+    return run_experiment(tmp_path_factory.mktemp("fault-free") / "run", "strategy=none", "fault=none", *TRAINING)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("on_notice", "loaded"), [(False, 4), (True, AT + 1)], ids=["no-save", "save-on-notice"])
+def test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing(tmp_path, fault_free, on_notice,
+                                                                              loaded):
+    run, shm_before = tmp_path / "run", set(os.listdir(SHM_DIR))
+    command = ("strategy=sync", "fault=preempt", f"fault.at_step={AT}", "fault.grace_s=20",
+               f"checkpoint.on_notice={str(on_notice).lower()}", *TRAINING)
+    first = run_cli(*command, f"hydra.run.dir={run}", timeout=120)
+    assert first.returncode != 0, first.stdout + first.stderr
+    left_nothing(run, shm_before)  # the ranks, the supervisor and the scheduler's executioner are gone
+    said = json.loads((run / "result.json").read_text())  # a SIGTERMed supervisor still writes its result
+    assert said["status"] == "interrupted"
+    assert said["notice"]["grace_s"] == 20
+    if on_notice:  # every rank finished step 6, saved step 7 and ended well within the grace period
+        assert said["notice"]["step"] == AT + 1 and said["notice"]["fitted"] is True
+        assert said["notice"]["saved_s"] < 20
+    else:
+        assert said["notice"]["step"] is None and said["notice"]["fitted"] is None
+
+    resumed = run_cli(*command, f"resume={run}", timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from step {loaded}\n" in resumed.stdout
+    left_nothing(run, shm_before)
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "ok" and result["final_state_sha256"] == fault_free["final_state_sha256"]
+    assert result["jobs"] == 2 and result["job_restarts"][0]["lost_steps"] == (0 if on_notice else AT - 4)
+    events = read_events(run)
+    assert sum(e["kind"] == "fault_injected" for e in events) == 1  # the notice does not come again
+    assert {e["rank"] for e in events if e["kind"] == "notice_saved"} == ({0, 1} if on_notice else set())
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (("strategy=none", "checkpoint.on_notice=true"), "strategy=none never saves"),
+    (("strategy=replica", "fault=preempt"), "fault=preempt: ends the whole job"),
+    (("fault=preempt", "fault.grace_s=0"), "fault.grace_s=0"),
+    (("fault=preempt", "supervisor.launcher=torchrun"), "supervisor.launcher=torchrun"),
+])
+def test_what_a_preemption_cannot_go_with_is_refused_in_one_line(tmp_path, overrides, said):
+    assert said in refusal(tmp_path, (*overrides, *TRAINING))
