@@ -1,7 +1,8 @@
 """A preemption with notice (issue 30, items 2 and 3): ``fault=preempt`` sends SIGTERM to the supervisor and every
 rank and SIGKILLs what is left after ``fault.grace_s``; without ``checkpoint.on_notice`` the steps since the last
 checkpoint are lost, with it the ranks finish the step, save, and the resumed job loses nothing. Both resumed runs
-end bit-exact with the fault-free run."""
+end bit-exact with the fault-free run, every part of the real loop's state (the loader's workers get the SIGTERM
+too, as every process of a job does: they must outlive it while the rank saves their state)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from conftest import left_nothing, refusal, run_cli, run_experiment
 from resilience.ckpt.shm_store import SHM_DIR
 from resilience.record.events import read_events
 
-TRAINING = ("workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
+TRAINING = ("workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]",
+            "train=real", "workload.dropout=0.1")
 AT = 6  # preempted before step 6's forward: the newest checkpoint is step 4's
 
 
@@ -48,6 +50,7 @@ def test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing(tm
     left_nothing(run, shm_before)
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "ok" and result["final_state_sha256"] == fault_free["final_state_sha256"]
+    assert result["state_parts"] and all(v["exact"] for v in result["state_parts"].values()), result["state_parts"]
     assert result["jobs"] == 2 and result["job_restarts"][0]["lost_steps"] == (0 if on_notice else AT - 4)
     events = read_events(run)
     assert sum(e["kind"] == "fault_injected" for e in events) == 1  # the notice does not come again
@@ -62,3 +65,15 @@ def test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing(tm
 ])
 def test_what_a_preemption_cannot_go_with_is_refused_in_one_line(tmp_path, overrides, said):
     assert said in refusal(tmp_path, (*overrides, *TRAINING))
+
+
+def test_the_job_loss_bench_refuses_unknown_names_and_says_what_a_notice_save_was_worth(capsys):
+    from resilience.bench import job_loss
+    assert job_loss.main(["--cases", "job_kill at noon"]) == 2 and "--cases=job_kill at noon" in capsys.readouterr().err
+    assert job_loss.main(["--strategies", "sync,nope"]) == 2 and "nope unknown" in capsys.readouterr().err
+    row = {"resume_exit": 0, "status": "ok", "matches": True, "parts_lost": [], "lost_steps": 7, "loaded_step": 0,
+           "notice": {"step": 7, "saved_s": 0.14, "fitted": True}, "shm_left": [], "processes_left": ["saver"]}
+    said = job_loss.verdict(row)  # saved in time, but where no new job finds it (a memory copy), and a leak
+    assert said.startswith("bit-exact, 7 lost (from step 0); saved 0.14 s") and "did not outlive the job" in said
+    assert said.endswith("1 process(es) outlived the job")
+    assert job_loss.verdict({**row, "matches": False, "parts_lost": ["rng"]}).startswith("NOT bit-exact (rng lost)")

@@ -36,6 +36,7 @@ import functools
 import multiprocessing
 import os
 import select
+import signal
 import threading
 import time
 from typing import Callable
@@ -60,6 +61,10 @@ def die_with_rank() -> Callable[[int], None]:
 
 
 def _watch(rank_pid: int, worker_id: int) -> None:
+    # A scheduler's SIGTERM (a preemption's notice) reaches every process of the job, these too: the rank decides
+    # what it means (checkpoint.on_notice: save first, which reads no batch but needs the loader's state from its
+    # workers), and they end when it does.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_exit_after, args=(rank_pid,), name=f"die-with-rank-{worker_id}", daemon=True).start()
 
 

@@ -69,11 +69,16 @@ def kill_children(tracker_grace_s: float = 3.0) -> dict[int, str]:
     return found
 
 
+def in_sessions(sessions: set[int]) -> dict[int, str]:
+    """Every live process whose session is one of ``sessions``: pid -> command line."""
+    return _live(lambda _ppid, session: session in sessions)
+
+
 def kill_sessions(sessions: set[int]) -> dict[int, str]:
     """SIGKILL every live process whose session is one of ``sessions`` (the run's rank processes each lead one):
     what a killed rank started and the subreaper did not get (seen: DLRover's forkserver, started by its saver in
     rank 0, reparented to init); pid -> command line."""
-    found = _live(lambda _ppid, session: session in sessions)
+    found = in_sessions(sessions)
     for pid in found:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
