@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 from resilience.proc import child
+from resilience.record.fsio import atomic_write_bytes
 
 
 def run_experiment(run_dir: Path, overrides: list[str], echo: bool = False, timeout_s: float = 900) -> dict:
@@ -31,3 +33,10 @@ def run_afresh(run_dir: Path, overrides: list[str], timeout_s: float = 900) -> t
     done = child.run(child.experiment_command(overrides, run_dir), timeout_s=timeout_s)
     result = Path(run_dir) / "result.json"
     return (json.loads(result.read_text()) if result.exists() else None), done.returncode
+
+
+def write_table(path: Path, text: str, started: float) -> None:
+    """A bench's Markdown table: written (atomically), printed, and where it went with the bench's time."""
+    atomic_write_bytes(path, (text + "\n").encode())
+    print(text)
+    print(f"written: {path} ({time.monotonic() - started:.0f} s)")

@@ -24,11 +24,12 @@ from pathlib import Path
 
 from resilience import compat
 from resilience.bench import lineup
+from resilience.bench.experiment import write_table
 from resilience.ckpt.shm_store import SHM_DIR
 from resilience.proc import child
 from resilience.proc.child import Child
 from resilience.proc.orphans import in_sessions
-from resilience.record.fsio import atomic_write_bytes, atomic_write_json
+from resilience.record.fsio import atomic_write_json
 from resilience.supervise.supervisor import rank_pids
 
 # 12 steps, a checkpoint every 4: the kill at step 6 goes back to step 4; the kill inside step 8's save too
@@ -126,10 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(cases) - set(CASES):
         print(f"error: --cases={args.cases}: each one of {', '.join(CASES)}", file=sys.stderr)
         return 2
-    unknown = sorted(set(chosen) - set(compat.options("strategy")))
-    if unknown:
-        print(f"error: --strategies={args.strategies}: {', '.join(unknown)} unknown; strategies from "
-              f"{', '.join(compat.options('strategy'))}", file=sys.stderr)
+    if (error := lineup.unknown_strategies(args.strategies)):
+        print(error, file=sys.stderr)
         return 2
     index = f"reference.index={(args.out / 'references').resolve()}"
     t0 = time.monotonic()
@@ -140,10 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             shown = " ".join(shlex.quote(o) for o in overrides if not o.startswith("reference.index="))
             print(f"[{time.monotonic() - t0:6.0f} s] {strategy} / {name}: {verdict(r)}\n    python -m resilience "
                   f"{shown}", flush=True)
-    text = table(args.out)
-    atomic_write_bytes(args.out / "job_loss.md", (text + "\n").encode())
-    print(text)
-    print(f"written: {args.out / 'job_loss.md'} ({time.monotonic() - t0:.0f} s)")
+    write_table(args.out / "job_loss.md", table(args.out), t0)
     return 0
 
 

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from resilience import compat
-from resilience.bench.experiment import run_afresh
-from resilience.record.fsio import atomic_write_bytes, atomic_write_json
+from resilience.bench import lineup
+from resilience.bench.experiment import run_afresh, write_table
+from resilience.record.fsio import atomic_write_json
 from resilience.state.parts import JOB_PARTS, MODEL, OPTIMIZER, RANK_PARTS
 
 PARTS = (MODEL, OPTIMIZER, *JOB_PARTS, *RANK_PARTS)
@@ -98,10 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="settings for every run (Hydra overrides)")
     args = ap.parse_args(argv)
     chosen = args.strategies.split(",")
-    unknown = sorted(set(chosen) - set(compat.options("strategy")))
-    if unknown:
-        print(f"error: --strategies={args.strategies}: {', '.join(unknown)} unknown; strategies from "
-              f"{', '.join(compat.options('strategy'))}", file=sys.stderr)
+    if (error := lineup.unknown_strategies(args.strategies)):
+        print(error, file=sys.stderr)
         return 2
     index = (args.out / "references").resolve()
     t0 = time.monotonic()
@@ -109,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:6.0f} s] {i}/{len(chosen)} {strategy}", flush=True)
         run(args.out / strategy, command(strategy, args.kill.split(), args.overrides, index))
         print(row(strategy, json.loads((args.out / strategy / "bench.json").read_text())), flush=True)
-    text = table(rows(args.out))
-    atomic_write_bytes(args.out / "job_state.md", (text + "\n").encode())
-    print(text)
-    print(f"written: {args.out / 'job_state.md'} ({time.monotonic() - t0:.0f} s)")
+    write_table(args.out / "job_state.md", table(rows(args.out)), t0)
     return 0
 
 

@@ -60,3 +60,10 @@ def faults() -> tuple[str, ...]:
     """Every fault after which the run still writes its record: not one that kills the supervisor with the job
     (its detectors die with it; resume= is another bench's); the default (no fault) first."""
     return _default_first("fault", [name for name, o in compat.options("fault").items() if not o.caps.ends_the_job])
+
+
+def unknown_strategies(arg: str) -> str | None:
+    """The one-line error for a bench's ``--strategies`` value naming an option conf/ lacks, or None."""
+    unknown = sorted(set(arg.split(",")) - set(compat.options("strategy")))
+    return (f"error: --strategies={arg}: {', '.join(unknown)} unknown; strategies from "
+            f"{', '.join(compat.options('strategy'))}") if unknown else None

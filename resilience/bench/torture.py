@@ -112,10 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/torture"))
     args = ap.parse_args(argv)
     chosen = args.strategies.split(",")
-    unknown = sorted(set(chosen) - set(compat.options("strategy")))
-    if unknown or args.trials < 1:
-        print(f"error: --strategies={args.strategies} / --trials={args.trials}: strategies from "
-              f"{', '.join(compat.options('strategy'))}, trials >= 1", file=sys.stderr)
+    if (error := lineup.unknown_strategies(args.strategies)) or args.trials < 1:
+        print(error or f"error: --trials={args.trials}: must be >= 1", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     references = {}
