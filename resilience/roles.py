@@ -73,5 +73,6 @@ def combination(cfg: DictConfig, roles: Roles) -> Combination:
                        ranks_per_node=int(OmegaConf.select(cfg, "ranks_per_node", default=1)),
                        resume=OmegaConf.select(cfg, "resume", default=None),
                        on_notice=bool(OmegaConf.select(cfg, "checkpoint.on_notice", default=False)),
+                       clip_norm=OmegaConf.select(cfg, "train.clip_norm", default=None),
                        **{f: str(OmegaConf.select(cfg, f"train.{f}", default=getattr(Combination, f)))
                           for f in ("rng", "precision", "data", "lr_schedule")})

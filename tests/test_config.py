@@ -148,6 +148,7 @@ BAD = [
     (("train=real", "train.precision=fp32x"), "train.precision=fp32x", "fp32, bf16, fp16"),
     (("train=real", "recovery=shrink", "fault=node_loss", "ranks_per_node=1"), "recovery=shrink", "per-rank state"),
     (("workload=dlrm_emb", "train.precision=bf16"), "train.precision=bf16", "sparse embedding gradients"),
+    (("workload=dlrm_emb", "train.clip_norm=1.0"), "train.clip_norm=1.0", "clip_grad_norm_ cannot norm"),
     (("strategy=sync_no_rng", "strategy.parts=[rngs]"), "strategy.parts=['rngs']", "must be all, or a list"),
     # several faults in one run (fault.at_step=[...]): tests/test_multi_fault.py runs them
     (("fault=kill", "fault.at_step=[7,13,22]", "fault.phase=[before_forward,during_checkpoint,before_optimizer_step]"),

@@ -226,6 +226,12 @@ RULES: list[Rule] = [
          lambda c: c.precision != "fp32" and c.workload.sparse_gradients,
          lambda c: f"train.precision={c.precision}: {c.set('workload')} has sparse embedding gradients, which "
                    f"autocast does not cover; use train.precision=fp32"),
+    Rule("clip_dense", ("workload", "train.clip_norm"),
+         "Gradient clipping, with a workload whose embedding gradients are sparse (torch's clip_grad_norm_ cannot "
+         "norm them).",
+         lambda c: c.clip_norm is not None and c.workload.sparse_gradients,
+         lambda c: f"train.clip_norm={c.clip_norm}: {c.set('workload')} has sparse embedding gradients, which "
+                   f"torch.nn.utils.clip_grad_norm_ cannot norm; use train.clip_norm=null"),
     Rule("one_lr_schedule", ("workload", "train.lr_schedule"),
          "A workload that brings its own LR scheduler, with the loop's schedule too: the LR would be set twice.",
          lambda c: c.workload.schedules_lr and c.lr_schedule != "constant",
