@@ -52,7 +52,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 # The sweeps CI leaves out (tests/tiers.py: the further strategies, libraries and phases of a mechanism CI covers
-# once); about 9 minutes on 2 idle cores. `pytest --all` runs both sets.
+# once); 9 min 42 s on 2 idle cores (2026-11-26: 37 passed). `pytest --all` runs both sets.
 .PHONY: test-long
 test-long: $(STAMP)
 	$(PY) -m pytest --long
