@@ -50,6 +50,10 @@ LONG: dict[str, str] = {
     # the same mechanism at another step or phase
     "tests/test_inmemory.py::test_recovery_source_and_bit_exact[whole-world-one-node]": "inmemory sweep",
     "tests/test_inmemory.py::test_recovery_source_and_bit_exact[kill-mid-snapshot]": "inmemory sweep",
+    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[node-loss-peer-copy]":
+        "CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py)",
+    "tests/test_preempt.py::test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing[no-save]":
+        "CI keeps the save on notice, and a job killed and resumed (tests/test_job_resume.py)",
     "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]": "CI keeps sync's resume",
     "tests/test_recovery.py::test_kill_and_recover_bit_exact[async-3]": "kill-step sweep",
     "tests/test_recovery.py::test_kill_and_recover_bit_exact[sync-2]": "kill-step sweep",
