@@ -72,3 +72,23 @@ test-slurm: $(STAMP)
 
 clean:
 	rm -rf results outputs .pytest_cache
+
+# A lent GPU machine (docs/gpu.md): its own Python 3.12 and torch, no network, 64 MiB carried along. `make gpu-wheels`
+# here downloads the pure-Python dependencies (and the libraries' cp312 wheels) at the lock's versions into .whl/
+# (git-ignored); `make gpu-check` there installs them, no dependencies, and runs python -m resilience.bench.gpu_check
+# (about 4 minutes on one H100); `make gpu-check GPU_CHECK=--dry-run` anywhere composes its plan and runs nothing.
+GPU_WHEELS := hydra-core omegaconf torchsnapshot dlrover nvidia-resiliency-ext torchdata Deprecated defusedxml \
+              importlib_metadata nest-asyncio
+GPU_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp $(foreach n,17 24 27 28 31 34 35 39,\
+            --platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64
+GPU_CHECK ?=
+.PHONY: gpu-wheels gpu-check
+gpu-wheels: $(STAMP)
+	@mkdir -p .whl && echo "[gpu-wheels] $(GPU_WHEELS) antlr4-python3-runtime, at the versions of $(LOCK), into .whl/"
+	$(PY) -m pip download -q --no-deps $(GPU_TAGS) -d .whl \
+	  $(foreach p,$(GPU_WHEELS),$(shell grep -i '^$(p)==' $(LOCK) || echo '$(p)-not-in-lock'))
+	$(PY) -m pip wheel -q --no-deps -w .whl $$(grep -i '^antlr4-python3-runtime==' $(LOCK))  # an sdist only
+	@du -sh .whl
+
+gpu-check:
+	bash workflow/gpu/check.sh $(GPU_CHECK)

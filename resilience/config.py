@@ -155,11 +155,20 @@ def on_this_node(cfg: DictConfig, local_ranks: int) -> DictConfig:
         backend = "nccl" if device == "cuda" else "gloo"
     if backend == "nccl" and device != "cuda":
         raise ConfigError("backend=nccl: needs device=cuda; use backend=gloo on CPU")
+    if backend == "nccl" and local_ranks > (gpus := _gpu_count()):
+        raise ConfigError(f"backend=nccl: {local_ranks} ranks on this node's {gpus} GPU(s), and NCCL refuses two "
+                          "ranks on one device; use backend=gloo (ranks then share the GPUs) or fewer ranks")
     if threads == "auto":
         threads = max(1, (os.cpu_count() or 1) // max(1, local_ranks))
     with open_dict(cfg):
         cfg.device, cfg.backend, cfg.threads_per_rank = device, backend, threads
     return cfg
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def cuda_available() -> bool:

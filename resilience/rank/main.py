@@ -93,7 +93,9 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     attempt = job_first_attempt(cfg) + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     run_dir = Path(cfg.run_dir)
     redirect_output(run_dir, f"rank{rank}", f"rank {rank} attempt {attempt}")
-    device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
+    # ranks beyond the node's GPUs share them (over gloo: NCCL refuses two ranks on one device, config.on_this_node)
+    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cfg.device == "cuda" \
+        else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     configure_determinism(device, int(cfg.threads_per_rank))
