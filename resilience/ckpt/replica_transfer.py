@@ -31,6 +31,7 @@ import torch.distributed as dist
 from resilience.ckpt.transfer import Reconciled, _bare, _fill, _hollow, _Slot, replica_state
 from resilience.state.train import TrainState
 from resilience.ckpt.replica_shards import load_local, localise, shard_key
+from resilience.runtime.reduce import all_gather_single
 
 BUCKET_BYTES = 16 << 20
 WINDOW = 4  # buckets in flight at once: bounds the staging memory to WINDOW x BUCKET_BYTES
@@ -47,7 +48,7 @@ def reconcile(state: TrainState, position: int | None, device: torch.device, emp
     rank, world = dist.get_rank(), dist.get_world_size()
     everyone = torch.empty(2 * world, dtype=torch.int64, device=device)
     mine = [(-2 if empty else -1) if position is None else position, shard_key(_bare(state))]
-    dist.all_gather_single(everyone, torch.tensor(mine, dtype=torch.int64, device=device))
+    all_gather_single(everyone, torch.tensor(mine, dtype=torch.int64, device=device))
     at, key = everyone.tolist()[0::2], everyone.tolist()[1::2]  # -1: a replacement holding nothing; -2: built empty
     best = max(at)
     if best < 0:

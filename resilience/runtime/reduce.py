@@ -24,6 +24,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+# torch 2.13 names the all-gather into one tensor all_gather_single (the old all_gather_into_tensor, deprecated
+# there, calls it); an older torch, a GPU machine's own (make gpu-check, docs/gpu.md), has only the old name
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 ReduceHook = Callable[[Any, Any], torch.futures.Future]
 
 
@@ -47,7 +51,7 @@ def ordered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
         mine += part
     mine.div_(world)
     total = torch.empty_like(padded)
-    work = dist.all_gather_single(total, mine, group=group, async_op=True)
+    work = all_gather_single(total, mine, group=group, async_op=True)
 
     def finish(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises a failed all-gather (a dead peer)

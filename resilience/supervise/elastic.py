@@ -10,6 +10,7 @@ and the next checkpoint is committed, restarts every rank at the full world size
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -167,6 +168,13 @@ class ElasticSupervisor(Supervisor):
 
     mode = "restart_all"
 
+    def _grace(self) -> dict:
+        """The agent's grace between SIGTERM and SIGKILL: ``shutdown_timeout`` since torch 2.13; an older torch (a GPU
+        machine's own, ``make gpu-check``) has no such setting and keeps its own default."""
+        if "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters:
+            return {}
+        return {"shutdown_timeout": int(self.cfg.timeouts.shutdown_s)}
+
     def _run(self, events: EventLog, observer: Observer) -> str:
         AGENT_HOOKS.acted(events)  # refused here, before any rank starts, on a torch it was not checked on
         # torchelastic logs verbosely at INFO: keep it in supervisor.log, off the console.
@@ -193,7 +201,7 @@ class ElasticSupervisor(Supervisor):
             spec=spec,
             logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / "elastic")),
             exit_barrier_timeout=5,
-            shutdown_timeout=int(self.cfg.timeouts.shutdown_s),
+            **self._grace(),
             events=events,
             observer=observer,
             policy=self.policy.name,
