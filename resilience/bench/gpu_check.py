@@ -231,14 +231,34 @@ def dry_run(names: list[str]) -> int:
     return 0
 
 
-def rehearse(names: list[str], work: Path) -> int:
-    """The whole runs on the CPU: a setting no run takes, or a strategy that refuses the shape, shows here first."""
-    rows = []
-    for c in (c for c in RUNS if c.name in names):
-        t = time.monotonic()
-        rows.append(c.run(work, on_cpu=True))
-        print(f"{rows[-1].verdict:5} {c.name} ({time.monotonic() - t:.0f} s) {rows[-1].figure} {rows[-1].note}", flush=True)
-    return 0 if all(r.verdict == "PASS" for r in rows) else 1
+class Pass:
+    """One pass over the checks: the direct measurements alone first, then the whole runs ``jobs`` at a time (a GPU
+    machine has the cores, and a run spends most of its time starting processes); the table rewritten after each
+    row, so that a pass cut off keeps what it measured. ``on_cpu``: the runs on device=cpu (``--rehearse``)."""
+
+    def __init__(self, names: list[str], work: Path, out: Path, jobs: int, on_cpu: bool = False) -> None:
+        self.names, self.work, self.out, self.jobs, self.on_cpu = names, work, out, jobs, on_cpu
+        self.done: dict[str, Row] = {}
+        self.started = time.monotonic()
+
+    def run(self) -> list[Row]:
+        for name in (n for n in self.names if n in DIRECT):
+            self.one(name)
+        with ThreadPoolExecutor(self.jobs) as pool:
+            list(pool.map(self.one, [n for n in self.names if n not in DIRECT]))
+        return [self.done[n] for n in self.names]
+
+    def one(self, name: str) -> None:
+        try:
+            check = next((c for c in RUNS if c.name == name), None)
+            row = check.run(self.work, self.on_cpu) if check else DIRECT[name]()
+        except Exception as exc:  # one broken check is a row, the others still run
+            row = Row(name, "ERROR", note=f"{type(exc).__name__}: {str(exc)[:300]}")
+        self.done[name] = row
+        print(f"[gpu-check {len(self.done)}/{len(self.names)}] {row.verdict} {name}: {row.figure} {row.note}",
+              flush=True)
+        rows = [self.done[n] for n in self.names if n in self.done]
+        atomic_write_bytes(self.out, (table(rows, [], self.started) + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated check names (default: all)")
     ap.add_argument("--dry-run", action="store_true", help="compose every run's settings; run nothing")
     ap.add_argument("--jobs", type=int, default=3, help="whole runs at a time (default 3)")
-    ap.add_argument("--rehearse", action="store_true", help="the whole runs on the CPU (device=cpu, gloo), no table")
+    ap.add_argument("--rehearse", action="store_true", help="the whole runs on the CPU (device=cpu, gloo)")
     args = ap.parse_args(argv)
     every = [c.name for c in RUNS] + list(DIRECT)
     names = [n for n in args.only.split(",") if n] or every
@@ -258,34 +278,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown check(s) {', '.join(unknown)}; known: {', '.join(every)}")
     if args.dry_run:
         return dry_run(names)
-    if args.rehearse:
-        return rehearse([n for n in names if n not in DIRECT], args.work)
+    if args.rehearse:  # the same whole runs on the CPU: a setting no run takes shows here first
+        return _exit(Pass([n for n in names if n not in DIRECT], args.work, args.out, args.jobs, on_cpu=True).run())
     import torch
 
     if not torch.cuda.is_available():
         print("error: no CUDA device here; gpu_check needs one (--dry-run checks the plan anywhere)")
         return 2
     os.environ.setdefault("RESILIENCE_UNCHECKED_RELEASES", "1")  # the runs inherit it
-    started, done = time.monotonic(), {}
+    check = Pass(names, args.work, args.out, args.jobs)
+    rows = check.run()
+    write_table(args.out, table(rows, versions(), check.started), check.started)
+    return _exit(rows)
 
-    def one(name: str) -> Row:
-        try:
-            row = DIRECT[name]() if name in DIRECT else next(c for c in RUNS if c.name == name).run(args.work)
-        except Exception as exc:  # one broken check is a row, the others still run
-            row = Row(name, "ERROR", note=f"{type(exc).__name__}: {str(exc)[:300]}")
-        done[name] = row
-        print(f"[gpu-check {len(done)}/{len(names)}] {row.verdict} {name}: {row.figure} {row.note}", flush=True)
-        rows = [done[n] for n in names if n in done]
-        atomic_write_bytes(args.out, (table(rows, [], started) + "\n").encode())  # a cut-off check keeps the rest
-        return row
 
-    for name in (n for n in names if n in DIRECT):
-        one(name)  # the direct measurements alone: a timing beside whole runs would measure them
-    # whole runs side by side: a GPU machine has the cores, and each run spends most of its time starting processes
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(one, [n for n in names if n not in DIRECT]))
-    rows = [done[n] for n in names]
-    write_table(args.out, table(rows, versions(), started), started)
+def _exit(rows: list[Row]) -> int:
     return 0 if all(r.verdict == "PASS" for r in rows) else 1
 
 
