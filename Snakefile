@@ -86,10 +86,10 @@ rule run:
         mem_mb=lambda wc: 1500 * MATRIX.at(wc.cell).world_size + 1000,
         runtime=MATRIX.runtime_min,
     params:
-        spec=lambda wc: MATRIX.at(wc.cell).job_spec(),
+        matrix=MATRIX.source,  # the cell by name: its settings (~1.5 kB of JSON) stay off the console
     shell:
-        "python -m reports.cell {output:q} {params.spec:q} --timeout-min {resources.runtime} > {log:q} 2>&1 "
-        "&& tail -n 1 {log:q}"
+        "python -m reports.cell {output:q} --matrix {params.matrix:q} --cell {wildcards.cell} "
+        "--timeout-min {resources.runtime} > {log:q} 2>&1 && tail -n 1 {log:q}"
 
 
 rule tokens:

@@ -1,4 +1,4 @@
-"""``python -m reports.cell DONE_JSON JOB_SPEC``: run one matrix cell and record how it ended, whatever happened.
+"""``python -m reports.cell DONE_JSON (JOB_SPEC | --matrix FILE --cell NAME)``: run one matrix cell and record how it ended, whatever happened.
 
 The run directory is DONE_JSON's folder. A stale run there (an interrupted job) is cleared first, because
 ``python -m resilience`` refuses a directory that already holds a run. The experiment's exit status becomes a state
@@ -12,6 +12,10 @@ unrecovered exit 0, result status "unrecovered" (the harness worked; the fault w
 failed      exit 1 (harness failure), a crash, or the time limit; ``error`` holds the last log lines
 invalid     exit 2: a configuration error; ``error`` holds its one line
 =========== ============================================================================================
+
+A cell whose fault kills the whole job (its class declares ``ends_the_job``: ``fault=job_kill``, ``fault=preempt``)
+is two jobs, as a scheduler's requeue makes it: the first, then the same command with ``resume=<run dir>``; the cell's
+time is both jobs', its state the resumed job's, and ``done.json`` lists each job's exit and time (``jobs``).
 
 This command exits 0 in all four cases, so that one bad cell never stops the pipeline. It exits non-zero (and
 writes no ``done.json``) only when it is interrupted itself; the cell then runs again on the next invocation.
@@ -32,6 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -65,6 +70,47 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
     cmd = list(command or child.experiment_command(spec["overrides"], run_dir))
     print(f"[cell] {spec['cell']}\n[cell] $ {' '.join(cmd)}", flush=True)
     started = time.time()
+    job = _job(cmd, run_dir, timeout_s)
+    jobs = [job]
+    if command is None and job.code != 0 and not job.timed_out and ends_the_job(spec["overrides"]):
+        # The fault killed the whole job: the run goes on in a new one, as a scheduler's requeue would start it,
+        # and the cell is both jobs (its time, its state: the resumed job's)
+        resume = child.experiment_command([*spec["overrides"], f"resume={run_dir}"], run_dir)
+        print(f"[cell] the job died (exit {job.code}): a new job resumes it\n[cell] $ {' '.join(resume)}", flush=True)
+        job = _job(resume, run_dir, max(1.0, timeout_s - (time.time() - started)))
+        jobs.append(job)
+    record = {
+        "cell": spec["cell"], "overrides": spec["overrides"], "command": cmd, "host": socket.gethostname(),
+        "probe": probe_snapshot(),
+        "started": started, "elapsed_s": time.time() - started, "exit_code": job.code,
+        "jobs": [{"exit_code": j.code, "elapsed_s": j.elapsed_s} for j in jobs],
+        **classify(run_dir, job.code, job.timed_out, timeout_s, job.stderr, job.stdout),
+    }
+    record["validity"] = measured_validity(run_dir)
+    if (run_dir / EVENTS_FILE).exists():  # the run as a Perfetto / Chrome trace (milliseconds of work)
+        try:
+            write_trace(run_dir)
+        except Exception as exc:  # informative only: a torn or odd event log must not cost the cell its record
+            print(f"[cell] no trace.json: {type(exc).__name__}: {exc}", flush=True)
+    if not keep_checkpoints and (run_dir / "ckpt").is_dir():
+        shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
+    atomic_write_json(done_path, record)
+    print(state_line(run_dir.name, record), flush=True)  # the log's last line; the run rule echoes it
+    return record
+
+
+@dataclass
+class Job:
+    code: int | None
+    timed_out: bool
+    elapsed_s: float
+    stdout: list[str]
+    stderr: list[str]
+
+
+def _job(cmd: list[str], run_dir: Path, timeout_s: float) -> Job:
+    """Run one job of the cell, its output passed through line by line; its exit and the tails of its output."""
+    t0 = time.time()
     running = child.Child(cmd)
     proc = running.proc
     tails = {"stdout": deque(maxlen=TAIL_LINES), "stderr": deque(maxlen=TAIL_LINES)}
@@ -79,23 +125,18 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
         child.kill_mentioning(str(run_dir / "config.yaml"))  # a rank process that escaped the group
         for t in readers:
             t.join(timeout=5)
-    record = {
-        "cell": spec["cell"], "overrides": spec["overrides"], "command": cmd, "host": socket.gethostname(),
-        "probe": probe_snapshot(),
-        "started": started, "elapsed_s": time.time() - started, "exit_code": proc.returncode,
-        **classify(run_dir, proc.returncode, timed_out, timeout_s, list(tails["stderr"]), list(tails["stdout"])),
-    }
-    record["validity"] = measured_validity(run_dir)
-    if (run_dir / EVENTS_FILE).exists():  # the run as a Perfetto / Chrome trace (milliseconds of work)
-        try:
-            write_trace(run_dir)
-        except Exception as exc:  # informative only: a torn or odd event log must not cost the cell its record
-            print(f"[cell] no trace.json: {type(exc).__name__}: {exc}", flush=True)
-    if not keep_checkpoints and (run_dir / "ckpt").is_dir():
-        shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
-    atomic_write_json(done_path, record)
-    print(state_line(run_dir.name, record), flush=True)  # the log's last line; the run rule echoes it
-    return record
+    return Job(proc.returncode, timed_out, time.time() - t0, list(tails["stdout"]), list(tails["stderr"]))
+
+
+def ends_the_job(overrides: list[str]) -> bool:
+    """Whether the cell's fault kills the whole job (its class declares ``ends_the_job``: job_kill, preempt)."""
+    fault = next((o.split("=", 1)[1] for o in overrides if o.startswith("fault=")), None)
+    if fault in (None, "none"):
+        return False
+    from resilience.compat import options  # the roles' classes: imported only for a cell whose job died
+
+    option = options("fault").get(fault)
+    return option is not None and bool(option.caps.ends_the_job)
 
 
 def shown_state(record: dict[str, Any]) -> str:
@@ -197,16 +238,26 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reports.cell", description=__doc__.splitlines()[0])
     parser.add_argument("done", type=Path, help="the done.json to write; its folder is the run directory")
-    parser.add_argument("spec", help='JSON: {"cell": NAME, "overrides": [...]}')
+    parser.add_argument("spec", nargs="?", help='JSON: {"cell": NAME, "overrides": [...]} (or --matrix and --cell)')
+    parser.add_argument("--matrix", help="the matrix file whose cell to run (with --cell: a short command line)")
+    parser.add_argument("--cell", help="the cell's run directory name in --matrix")
     parser.add_argument("--timeout-min", type=float, default=20.0, help="time limit of the experiment (minutes)")
     args = parser.parse_args(argv)
+    if args.spec is None and not (args.matrix and args.cell):
+        parser.error("give the cell's JSON spec, or --matrix FILE and --cell NAME")
+    if args.spec is None:
+        from reports.matrix import load_matrix  # the pipeline's cells, expanded as the Snakefile expanded them
+
+        spec = json.loads(load_matrix(args.matrix).at(args.cell).job_spec())
+    else:
+        spec = json.loads(args.spec)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _raise_interrupted)
     # Under SLURM, end a little before the job's own limit, so that the cell is recorded rather than cut off.
     timeout_s = max(60.0, args.timeout_min * 60 - 30)
     keep = os.environ.get("RB_KEEP_CHECKPOINTS", "") not in ("", "0")
     try:
-        run_cell(args.done, json.loads(args.spec), timeout_s, keep_checkpoints=keep)
+        run_cell(args.done, spec, timeout_s, keep_checkpoints=keep)
     except Interrupted as exc:
         print(f"[cell] interrupted ({exc}); the cell will run again next time", flush=True)
         return 128 + exc.signum

@@ -8,11 +8,13 @@ prepares what every rule's command inherits from the Snakemake process: the prob
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from reports.cell import set_aside_noisy
 from reports.limits import snapshot_dir
@@ -33,10 +35,24 @@ class PipelineConfig:
     tokens: str  # the real loop's token file (train.data=loader), built once by rule tokens
 
 
+@contextmanager
+def root_logging_kept() -> Iterator[None]:
+    """The root logger as it was before the block: checking the cells imports the roles' classes, and DLRover's
+    import calls ``logging.basicConfig`` (dlrover/python/common/log.py, 0.6.1), a root handler that printed every
+    Snakemake line a second time."""
+    handlers, level = list(logging.root.handlers), logging.root.level
+    try:
+        yield
+    finally:
+        logging.root.handlers[:] = handlers
+        logging.root.setLevel(level)
+
+
 def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     """Check Snakemake's ``config`` and prepare this pipeline run; a bad setting exits with one line."""
     try:
-        matrix = load_matrix(str(config.get("matrix", "default")), check=True)  # every cell, as the command checks it
+        with root_logging_kept():
+            matrix = load_matrix(str(config.get("matrix", "default")), check=True)  # every cell, as the command checks it
     except MatrixError as exc:  # one line naming the key, not a traceback
         sys.exit(f"error: {exc}")
     results = str(config.get("results", f"results/{matrix.name}")).rstrip("/")  # one folder per matrix

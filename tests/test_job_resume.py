@@ -170,3 +170,17 @@ def test_the_job_restart_is_split_into_gap_start_up_load_and_replay():
     restart = result["job_restarts"][0]
     assert restart["breakdown_s"] == {"gap": 8, "startup": 3, "load": 1, "replay": 2}
     assert (restart["job_restart_s"], restart["first_step_s"], restart["lost_steps"]) == (14, 13, 2)
+
+
+@pytest.mark.timeout(300)
+def test_the_pipeline_runs_a_killed_job_and_its_resume_as_one_cell(tmp_path, fault_free):
+    from reports.cell import run_cell
+
+    run_dir = tmp_path / "runs" / "sync-job_kill"
+    spec = {"cell": "sync-job_kill", "overrides": ["strategy=sync", "fault=job_kill", "fault.at_step=6", *TRAINING]}
+    record = run_cell(run_dir / "done.json", spec, timeout_s=240)
+    assert record["state"] == "ok", record["error_detail"]
+    assert [j["exit_code"] for j in record["jobs"]] == [-signal.SIGKILL, 0]  # the job killed, then its resume
+    assert record["elapsed_s"] >= sum(j["elapsed_s"] for j in record["jobs"])
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["jobs"] == 2 and result["final_state_sha256"] == fault_free["final_state_sha256"]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-from resilience.proc.orphans import remove_torch_segments
+import mmap
+import time
+
+from resilience.proc.orphans import remove_torch_segments, remove_unreachable
 
 
 def test_only_torch_segments_of_the_runs_processes_are_removed(tmp_path):
@@ -16,6 +19,23 @@ def test_only_torch_segments_of_the_runs_processes_are_removed(tmp_path):
     removed = remove_torch_segments({ours, os.getpid()}, shm_dir=tmp_path)
     assert sorted(removed) == [(f"torch_{ours}_1234_0", 10), (f"torch_{ours}_1234_1", 10)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+def test_what_no_live_process_reaches_since_the_run_began_is_removed_and_nothing_else(tmp_path):
+    """A job SIGKILLed whole leaves semaphores and segments no process maps; the job resuming it removes them."""
+    (tmp_path / "sem.mp-before").write_bytes(b"x")  # older than the run: another's, left alone
+    time.sleep(0.05)
+    began = time.time()
+    time.sleep(0.05)
+    names = ["sem.mp-orphan", "torch_4000001_9_0", "sem.mp-mapped", "torch_4000002_9_0", "rb-other_ckpt_shm_0"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"y" * 4096)
+    with (tmp_path / "sem.mp-mapped").open("r+b") as f, mmap.mmap(f.fileno(), 4096) as _mapped, \
+            (tmp_path / "torch_4000002_9_0").open("rb") as _held:  # mapped by this live process, and held open
+        removed = remove_unreachable(began, shm_dir=tmp_path)
+    assert sorted(removed) == [("sem.mp-orphan", 4096), ("torch_4000001_9_0", 4096)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["sem.mp-before", "sem.mp-mapped", "torch_4000002_9_0", "rb-other_ckpt_shm_0"])  # not ours to judge
 
 
 def test_what_a_rank_started_in_its_session_is_killed_wherever_it_was_reparented():

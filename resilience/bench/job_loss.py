@@ -29,7 +29,9 @@ from resilience.ckpt.shm_store import SHM_DIR
 from resilience.proc import child
 from resilience.proc.child import Child
 from resilience.proc.orphans import in_sessions
+from resilience.record.events import read_events
 from resilience.record.fsio import atomic_write_json
+from resilience.record.query import last_job
 from resilience.supervise.supervisor import rank_pids
 
 # 12 steps, a checkpoint every 4: the kill at step 6 goes back to step 4; the kill inside step 8's save too
@@ -71,7 +73,10 @@ def case(run_dir: Path, overrides: list[str]) -> dict:
            "loaded_step": restart.get("loaded_step"), "died_at_step": restart.get("died_at_step"),
            "notice": result.get("notice"),  # over both jobs' events: a first job killed in its save wrote no result
            "parts_lost": sorted(p for p, v in parts.items() if v["exact"] is False),
-           "shm_left": sorted(set(os.listdir(SHM_DIR)) - shm_before), "command": overrides}
+           "shm_left": sorted(set(os.listdir(SHM_DIR)) - shm_before), "command": overrides,
+           # what the dead job left and the resumed one removed: the library's leak, recorded though cleaned
+           "shm_removed": sorted(f for e in last_job(read_events(run_dir)) if e["kind"] == "shm_leftovers_removed"
+                                 for f in e["files"])}
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # the verdicts are kept; checkpoints fill disks
     atomic_write_json(run_dir / "bench.json", out)
     return out
@@ -95,6 +100,8 @@ def verdict(r: dict) -> str:
     if fitted and r["notice"]["fitted"] and r["loaded_step"] != r["notice"]["step"]:
         fitted += ", but the saved step did not outlive the job"
     shm = f"; /dev/shm left: {len(r['shm_left'])}" if r["shm_left"] else ""
+    if r.get("shm_removed"):
+        shm += f"; /dev/shm: {len(r['shm_removed'])} left by the dead job, removed by the resume"
     procs = f"; {len(r['processes_left'])} process(es) outlived the job" if r.get("processes_left") else ""
     return f"{exact}{lost}, {r['lost_steps']} lost (from step {r['loaded_step']}){fitted}{shm}{procs}"
 

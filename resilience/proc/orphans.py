@@ -110,3 +110,43 @@ def remove_torch_segments(pids: set[int], shm_dir: Path = Path("/dev/shm")) -> l
                 path.unlink()
                 removed.append((path.name, size))
     return removed
+
+
+LEAKABLE = re.compile(r"^(torch_\d+_|sem\.mp-)")  # torch's tensor segments, multiprocessing's named semaphores
+
+
+def in_use(shm_dir: Path = Path("/dev/shm")) -> set[str]:
+    """Names in ``shm_dir`` that a live process maps or holds open (a segment unlinked while open still counts)."""
+    prefix, used = f"{shm_dir}/", set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for line in (entry / "maps").read_text().splitlines():
+                if (i := line.find(prefix)) >= 0:
+                    used.add(line[i + len(prefix):].split(" ")[0])
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if (target := os.readlink(fd)).startswith(prefix):
+                        used.add(target[len(prefix):].split(" ")[0])
+    return used
+
+
+def remove_unreachable(since: float, shm_dir: Path = Path("/dev/shm")) -> list[tuple[str, int]]:
+    """Remove torch's tensor segments and multiprocessing's named semaphores made since ``since`` (wall clock: the
+    run's first job's start) that no live process maps or holds open: nothing can reach them any more. A job
+    SIGKILLed whole leaves them (its library workers and their resource tracker die with it: NVRx's 66 entries,
+    DLRover's fork server's semaphores); the job that resumes it removes them when it ends. Return (name, bytes)."""
+    removed, used = [], None
+    for path in shm_dir.iterdir():
+        if not LEAKABLE.match(path.name):
+            continue
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            if stat.st_ctime < since:
+                continue
+            used = in_use(shm_dir) if used is None else used  # read once, and only where a candidate is
+            if path.name not in used:
+                path.unlink()
+                removed.append((path.name, stat.st_size))
+    return removed

@@ -14,6 +14,7 @@ detection and recovery times come from the same event log whichever way the run 
 from __future__ import annotations
 
 import signal
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
-from resilience.proc.orphans import adopt_orphans, kill_children, kill_sessions, remove_torch_segments
+from resilience.proc.orphans import (adopt_orphans, kill_children, kill_sessions, remove_torch_segments,
+                                     remove_unreachable)
 from resilience.record.events import EventLog, read_events
 from resilience.settings.identity import job_first_attempt
 from resilience.record.host_load import HostLoadSampler
@@ -103,6 +105,7 @@ class Supervisor(ABC):
             if left:  # a finding about the library that started them: recorded, not hidden
                 events.emit("orphans_killed", processes=sorted(left.values()))
             segments = remove_torch_segments(sampler.pids | set(left) | rank_pids(self.run_dir))
+            segments += remove_unreachable(run_began(self.run_dir))  # a dead job's too, where this one resumes it
             if segments:  # every process of the run is gone: what they shared with each other is a leak
                 events.emit("shm_leftovers_removed", files=sorted(n for n, _ in segments),
                             bytes=sum(b for _, b in segments))
@@ -130,6 +133,12 @@ class Supervisor(ABC):
     @abstractmethod
     def _run(self, events: EventLog, observer: Observer) -> str:
         """Start the ranks, watch and recover them; return "succeeded" or "failed"."""
+
+
+def run_began(run_dir: Path) -> float:
+    """When the run's first job launched (wall clock), whichever job this is."""
+    launches = [e["t_wall"] for e in read_events(run_dir) if e["kind"] == "launch"]
+    return min(launches, default=time.time())
 
 
 def rank_pids(run_dir: Path) -> set[int]:
