@@ -1,0 +1,163 @@
+"""Crash consistency checked by an outside tool: ckpt-chaos (PyPI, MIT; not a dependency of the suite) kills our
+ranks at every file boundary of their saves, resumes, and judges the outcome.
+
+    python -m resilience.bench.chaos [--strategies sync,async] [--modes before,torn,term] [--max-points 12]
+    python -m resilience.bench.chaos rank TEMPLATE OUT      # what ckpt-chaos starts, once per rank
+    python -m resilience.bench.chaos hash OUT               # the final state's hash, ckpt-chaos's --result-cmd
+
+ckpt-chaos arms only the processes it starts, so it starts the ranks themselves (``--ranks 2``: RANK, WORLD_SIZE,
+MASTER_* set as torchrun sets them), not our supervisor: each rank runs the configuration that
+``supervisor.launcher=external`` prepares (``TEMPLATE``), moved into ckpt-chaos's fresh output folder ``OUT``.
+Its resume is the same command on the same folder: the ranks load the newest complete checkpoint there (a new job
+of the run, attempts numbered on), say ``resumed from step N``, and train to the end; the final hash must be the
+fault-free run's. Verdicts (ckpt-chaos's): PASS, HARD_FAIL, SILENT_DIVERGENCE, LOST_WORK (resumed from an older
+checkpoint than the newest complete one). Table: ``--out``/chaos.md, and docs/resume.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from resilience.bench import lineup
+from resilience.bench.experiment import write_table
+from resilience.proc import child
+from resilience.record.events import read_events
+from resilience.record.fsio import atomic_write_bytes
+
+# gpt_tiny on 2 ranks, 12 steps, a checkpoint every 4 (steps 4, 8, 12 on disk: keep them all, ckpt-chaos tracks them)
+TRAINING = ["workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "checkpoint.keep=10", "seed=0",
+            "detector=[process_exit]", "fault=none"]
+# the strategies that write files (DLRover's persisted copy through its standalone saver, which a rank starts itself)
+WRITERS = ["sync", "async", "dcp_async", "dcp_async_staged", "dcp_async_process", "torchsnapshot", "nvrx_async",
+           "dlrover_flash_standalone"]
+VERDICTS = ("PASS", "HARD_FAIL", "SILENT_DIVERGENCE", "LOST_WORK")
+
+
+def prepare(strategy: str, where: Path, overrides: list[str]) -> Path:
+    """The rank configuration of ``strategy`` as ``supervisor.launcher=external`` writes it: the template."""
+    shutil.rmtree(where, ignore_errors=True)
+    cmd = child.experiment_command([*TRAINING, f"strategy={strategy}", "supervisor.launcher=external", *overrides],
+                                   where)
+    done = child.run(cmd, timeout_s=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing {strategy} failed (exit {done.returncode}): {done.stderr[-600:]}")
+    return where / "config.yaml"
+
+
+def rank(template: Path, out: Path) -> int:
+    """One rank of the run moved into ``out``, in this process (ckpt-chaos arms the process it starts, not its
+    children); a second job on the same folder resumes it."""
+    cfg = yaml.safe_load(template.read_text())
+    run = run_dir(out)
+    before = read_events(run) if (run / "events.jsonl").exists() else []
+    cfg["run_dir"], cfg["checkpoint"]["dir"] = str(run), str(out / "ckpt")
+    # a job after one that died numbers its attempts on (resilience.settings.identity.job_first_attempt): the ranks
+    # read the log before either writes to it (they write only after joining each other)
+    job = 1 + max((e["attempt"] for e in before), default=-1)
+    cfg.setdefault("job", {})["first_attempt"] = job
+    # beside the template, not in ``out``: the only file events there are the ranks' own
+    config = template.parent / "jobs" / f"{hashlib.sha256(str(out).encode()).hexdigest()[:16]}.job{job}.yaml"
+    config.parent.mkdir(exist_ok=True)
+    atomic_write_bytes(config, yaml.safe_dump(cfg, sort_keys=False).encode())  # both ranks: the same bytes
+    # ckpt-chaos sets RANK, WORLD_SIZE and MASTER_* as torchrun does, every rank on this host
+    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    from resilience.rank.main import main as rank_main
+    from resilience.record.quick_exit import exit_code, exit_now
+
+    console = os.dup(1)  # the rank sends its output to its log; the resumed step goes to ckpt-chaos
+    try:
+        rank_main(["resilience.rank", str(config)])
+    except SystemExit as exc:  # as python -m resilience.rank ends (resilience/rank/__main__.py)
+        exit_now(exit_code(exc))
+    loaded = [e["step"] for e in read_events(run) if e["kind"] == "ckpt_loaded" and e["attempt"] >= job]
+    os.write(console, f"resumed from step {loaded[0] if loaded else 0}\n".encode())
+    exit_now(0)
+    return 0
+
+
+def run_dir(out: Path) -> Path:
+    """The run's directory beside ckpt-chaos's output folder, not in it: there, only the checkpoints' files are
+    crash points (not the event log's and the rank logs' writes)."""
+    return out.with_name(out.name + ".run")
+
+
+def final_hash(out: Path) -> str:
+    """Rank 0's final state hash of the last attempt that ended (ckpt-chaos compares it with the fault-free run's)."""
+    ends = [e for e in read_events(run_dir(out)) if e["kind"] == "run_end" and e["rank"] == 0]
+    return ends[-1]["final_state_sha256"] if ends else "no run_end"
+
+
+def chaos(strategy: str, work: Path, modes: str, max_points: int, overrides: list[str]) -> dict:
+    """ckpt-chaos over one strategy; its verdict counts and where its runs are."""
+    template = prepare(strategy, work / "template", overrides)
+    me = [sys.executable, "-m", "resilience.bench.chaos"]
+    cmd = ["ckpt-chaos", "run", "--ranks", "2", "--crash-rank", "1", "--modes", modes, "--max-points", str(max_points),
+           "--checkpoint-glob", "{out}/ckpt/step_*", "--step-regex", r"resumed from step (\d+)",
+           "--result-cmd", shlex.join([*me, "hash", "{out}"]), "--timeout", "180",
+           "--fail-on", "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", "--work", str(work / "runs"),
+           "--", *me, "rank", str(template), "{out}"]
+    shutil.rmtree(work / "runs", ignore_errors=True)
+    with (work / "chaos.log").open("w") as log:
+        code = subprocess.run([shutil.which("ckpt-chaos") or "ckpt-chaos", *cmd[1:]], stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+    from ckpt_chaos.runner import rejudge  # its own rules over its own records (what `ckpt-chaos judge` prints)
+
+    rows = [r for r in rejudge(work / "runs") if not r.label.startswith("no crash")]
+    counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
+    failed = [f"{r.label}: {r.verdict} ({r.outcome})" for r in rows if r.verdict != "PASS"]
+    return {"exit": code, "points": len(rows), "counts": counts, "failed": failed, "command": shlex.join(cmd),
+            "log": str(work)}
+
+
+def table(found: dict[str, dict], modes: str) -> str:
+    lines = [f"| strategy | crash points ({modes}) | " + " | ".join(VERDICTS) + " | ckpt-chaos exit |",
+             "|---|---|" + "---|" * len(VERDICTS) + "---|"]
+    for s, r in found.items():
+        lines.append(f"| {s} | {r['points']} | " + " | ".join(str(r["counts"][v]) for v in VERDICTS)
+                     + f" | {r['exit']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rank"] and len(argv) == 3:
+        return rank(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["hash"] and len(argv) == 2:
+        print(final_hash(Path(argv[1])))
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m resilience.bench.chaos", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--strategies", default=",".join(WRITERS))
+    ap.add_argument("--modes", default="before,torn,term")
+    ap.add_argument("--max-points", type=int, default=12, help="crash points per strategy, evenly sampled")
+    ap.add_argument("--out", type=Path, default=Path("results/chaos"))
+    ap.add_argument("overrides", nargs="*", help="settings for every run (Hydra overrides)")
+    args = ap.parse_args(argv)
+    if (error := lineup.unknown_strategies(args.strategies)):
+        print(error, file=sys.stderr)
+        return 2
+    if shutil.which("ckpt-chaos") is None:
+        print("error: ckpt-chaos is not installed: pip install -c workflow/envs/constraints.txt -e '.[chaos]'",
+              file=sys.stderr)
+        return 2
+    started, found = time.monotonic(), {}
+    for s in args.strategies.split(","):
+        print(f"[{time.monotonic() - started:5.0f} s] {s} ...", flush=True)
+        found[s] = chaos(s, args.out / s, args.modes, args.max_points, args.overrides)
+        print(f"    {found[s]['points']} points: {found[s]['counts']} (exit {found[s]['exit']}); {found[s]['log']}",
+              flush=True)
+    write_table(args.out / "chaos.md", table(found, args.modes), started)
+    return 0 if all(r["counts"]["PASS"] == r["points"] > 0 for r in found.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
