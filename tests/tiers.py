@@ -10,6 +10,9 @@ is the second and further strategy, library or phase of one mechanism. A test na
 from __future__ import annotations
 
 LONG: dict[str, str] = {
+    # the outside crash tester over sync's saves (an optional extra, skipped where it is not installed): CI keeps
+    # the kill in a save of every strategy of ours (tests/test_strategies.py) and the job killed in a save
+    "tests/test_chaos.py::test_ckpt_chaos_passes_every_crash_point_of_syncs_saves": "outside crash tester",
     # kill and recover per sharded strategy: CI keeps fsdp-sync-kill and hsdp-inmemory-node_loss
     "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[hsdp-dcp_async-kill]": "sharded sweep",
     "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[fsdp-async-kill]": "sharded sweep",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import shlex
 import shutil
@@ -31,6 +32,8 @@ import yaml
 from resilience.bench import lineup
 from resilience.bench.experiment import write_table
 from resilience.proc import child
+from resilience.proc.child import Child
+from resilience.proc.orphans import kill_sessions
 from resilience.record.events import read_events
 from resilience.record.fsio import atomic_write_bytes
 
@@ -59,6 +62,8 @@ def rank(template: Path, out: Path) -> int:
     children); a second job on the same folder resumes it."""
     cfg = yaml.safe_load(template.read_text())
     run = run_dir(out)
+    run.mkdir(parents=True, exist_ok=True)  # what our supervisor, or the external launcher's preparing, makes
+    (out / "ckpt").mkdir(parents=True, exist_ok=True)
     before = read_events(run) if (run / "events.jsonl").exists() else []
     cfg["run_dir"], cfg["checkpoint"]["dir"] = str(run), str(out / "ckpt")
     # a job after one that died numbers its attempts on (resilience.settings.identity.job_first_attempt): the ranks
@@ -101,30 +106,36 @@ def chaos(strategy: str, work: Path, modes: str, max_points: int, overrides: lis
     """ckpt-chaos over one strategy; its verdict counts and where its runs are."""
     template = prepare(strategy, work / "template", overrides)
     me = [sys.executable, "-m", "resilience.bench.chaos"]
-    cmd = ["ckpt-chaos", "run", "--ranks", "2", "--crash-rank", "1", "--modes", modes, "--max-points", str(max_points),
-           "--checkpoint-glob", "{out}/ckpt/step_*", "--step-regex", r"resumed from step (\d+)",
+    # rank 0 crashes: ckpt-chaos 0.1.8's --crash-rank 1 never crashes (its rank reads CKPT_CHAOS_CRASH_RANK, which
+    # its runner does not set: every point "DID NOT CRASH"); ours does not reach into it
+    cmd = [sys.executable, "-m", "ckpt_chaos", "run", "--ranks", "2", "--modes", modes, "--max-points", str(max_points),
+           # complete = every file of the fault-free run's checkpoint present, by name: DCP's .metadata holds the
+           # checkpoint's path, so its size differs between ckpt-chaos's folders (reference/ against pt_003/)
+           "--checkpoint-glob", "{out}/ckpt/step_*", "--ckpt-ignore-size", "--step-regex", r"resumed from step (\d+)",
            "--result-cmd", shlex.join([*me, "hash", "{out}"]), "--timeout", "180",
            "--fail-on", "HARD_FAIL,SILENT_DIVERGENCE,LOST_WORK", "--work", str(work / "runs"),
            "--", *me, "rank", str(template), "{out}"]
     shutil.rmtree(work / "runs", ignore_errors=True)
-    with (work / "chaos.log").open("w") as log:
-        code = subprocess.run([shutil.which("ckpt-chaos") or "ckpt-chaos", *cmd[1:]], stdout=log,
-                              stderr=subprocess.STDOUT).returncode
+    with (work / "chaos.log").open("w") as log, Child(cmd, stdout=log, stderr=subprocess.STDOUT) as run:
+        run.wait(None)
+        code = run.proc.returncode
+    # what outlived ckpt-chaos's jobs (its session: nothing of ours supervises them): a library's finding, then gone
+    left = sorted(kill_sessions({run.proc.pid}).values())
     from ckpt_chaos.runner import rejudge  # its own rules over its own records (what `ckpt-chaos judge` prints)
 
     rows = [r for r in rejudge(work / "runs") if not r.label.startswith("no crash")]
     counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
     failed = [f"{r.label}: {r.verdict} ({r.outcome})" for r in rows if r.verdict != "PASS"]
-    return {"exit": code, "points": len(rows), "counts": counts, "failed": failed, "command": shlex.join(cmd),
-            "log": str(work)}
+    return {"exit": code, "points": len(rows), "counts": counts, "failed": failed, "processes_left": left,
+            "command": shlex.join(cmd), "log": str(work)}
 
 
 def table(found: dict[str, dict], modes: str) -> str:
-    lines = [f"| strategy | crash points ({modes}) | " + " | ".join(VERDICTS) + " | ckpt-chaos exit |",
-             "|---|---|" + "---|" * len(VERDICTS) + "---|"]
+    lines = [f"| strategy | crash points ({modes}) | " + " | ".join(VERDICTS) + " | ckpt-chaos exit | processes left |",
+             "|---|---|" + "---|" * len(VERDICTS) + "---|---|"]
     for s, r in found.items():
         lines.append(f"| {s} | {r['points']} | " + " | ".join(str(r["counts"][v]) for v in VERDICTS)
-                     + f" | {r['exit']} |")
+                     + f" | {r['exit']} | {len(r['processes_left'])} |")
     return "\n".join(lines)
 
 
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if (error := lineup.unknown_strategies(args.strategies)):
         print(error, file=sys.stderr)
         return 2
-    if shutil.which("ckpt-chaos") is None:
+    if importlib.util.find_spec("ckpt_chaos") is None:
         print("error: ckpt-chaos is not installed: pip install -c workflow/envs/constraints.txt -e '.[chaos]'",
               file=sys.stderr)
         return 2
@@ -153,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.strategies.split(","):
         print(f"[{time.monotonic() - started:5.0f} s] {s} ...", flush=True)
         found[s] = chaos(s, args.out / s, args.modes, args.max_points, args.overrides)
-        print(f"    {found[s]['points']} points: {found[s]['counts']} (exit {found[s]['exit']}); {found[s]['log']}",
-              flush=True)
+        print(f"    {found[s]['points']} points: {found[s]['counts']} (exit {found[s]['exit']}, "
+              f"{len(found[s]['processes_left'])} processes left); {found[s]['log']}", flush=True)
     write_table(args.out / "chaos.md", table(found, args.modes), started)
     return 0 if all(r["counts"]["PASS"] == r["points"] > 0 for r in found.values()) else 1
 
