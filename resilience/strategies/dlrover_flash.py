@@ -135,8 +135,12 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.library.load()
-        if rt.rank == 0:
-            (rt.run_dir / RUN_ID_FILE).write_text(os.environ.get("TORCHELASTIC_RUN_ID", ""))
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        if rt.rank == 0 and run_id and run_id not in _run_ids(rt.run_dir):
+            # one line per job: a job that resumes the run has an id of its own, and the dead job's segments are
+            # this run's to remove too (clean_up_run)
+            with (rt.run_dir / RUN_ID_FILE).open("a") as f:
+                f.write(run_id + "\n")
         self.checkpointer = self.sharded = None  # opened by the first load, which sees the state
         self._fingerprints = _read_fingerprints(rt.ckpt_dir)
 
@@ -312,12 +316,10 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     @classmethod
     def clean_up_run(cls, run_dir: Path) -> None:
-        run_id = (run_dir / RUN_ID_FILE).read_text().strip() if (run_dir / RUN_ID_FILE).exists() else ""
-        if not run_id:
-            return
-        for seg in Path("/dev/shm").glob(f"{run_id}_*"):
-            seg.unlink(missing_ok=True)
-        shutil.rmtree(Path(tempfile.gettempdir()) / "ckpt_sock" / run_id, ignore_errors=True)
+        for run_id in _run_ids(run_dir):
+            for seg in Path("/dev/shm").glob(f"{run_id}_*"):
+                seg.unlink(missing_ok=True)
+            shutil.rmtree(Path(tempfile.gettempdir()) / "ckpt_sock" / run_id, ignore_errors=True)
 
     def close(self) -> None:
         super().close()
@@ -325,6 +327,12 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
             self.checkpointer._engine.close()
         if self.sharded is not None:
             self.sharded.close()
+
+
+def _run_ids(run_dir: Path) -> list[str]:
+    """The DLRover run ids of the run's jobs (the agent's TORCHELASTIC_RUN_ID names its segments and sockets)."""
+    path = run_dir / RUN_ID_FILE
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 class _NodeCopy:
