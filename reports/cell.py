@@ -87,6 +87,7 @@ def run_cell(done_path: Path, spec: dict[str, Any], timeout_s: float, command: S
         **classify(run_dir, job.code, job.timed_out, timeout_s, job.stderr, job.stdout),
     }
     record["validity"] = measured_validity(run_dir)
+    record["validity_reasons"] = validity_reasons(run_dir)
     if (run_dir / EVENTS_FILE).exists():  # the run as a Perfetto / Chrome trace (milliseconds of work)
         try:
             write_trace(run_dir)
@@ -147,6 +148,8 @@ def shown_state(record: dict[str, Any]) -> str:
 def state_line(name: str, record: dict[str, Any]) -> str:
     """One line per finished cell: ``[cell] sync-kill-fd2e563d: ok (14 s)``, with the error of a failed one."""
     why = f": {record['error']}" if record.get("error") else ""
+    if shown_state(record) == "noisy" and record.get("validity_reasons"):
+        why = f": {'; '.join(record['validity_reasons'])}"  # what made the host busy, in the run's own words
     return f"[cell] {name}: {shown_state(record)} ({record.get('elapsed_s', 0):.0f} s){why}"
 
 
@@ -156,6 +159,14 @@ def measured_validity(run_dir: Path) -> str | None:
         return json.loads((run_dir / "result.json").read_text())["validity"]["verdict"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def validity_reasons(run_dir: Path) -> list[str]:
+    """Why the run was measured on a busy host (result.json's validity reasons); empty for a quiet one or none."""
+    try:
+        return list(json.loads((run_dir / "result.json").read_text())["validity"]["reasons"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def set_aside_noisy(results: Path, cells: list[str]) -> list[str]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, processes_mentioning, run_module
-from reports.cell import run_cell
+from reports.cell import run_cell, state_line, validity_reasons
 from reports.limits import PROBE_DIR
 from reports.matrix import available, load_matrix
 from resilience.ckpt.shm_store import SHM_DIR, run_id
@@ -259,3 +259,13 @@ def test_smoke_matrix_end_to_end(tmp_path):
     assert again.returncode == 0 and "Nothing to be done" in again.stdout, again.stdout[-3000:]
     zipped = snakemake("--report", str(results / "snakemake-report.zip"), *config)
     assert zipped.returncode == 0 and (results / "snakemake-report.zip").stat().st_size > 10_000, zipped.stdout[-3000:]
+
+
+def test_a_noisy_cells_console_line_says_why(tmp_path):
+    (tmp_path / "result.json").write_text(json.dumps({"validity": {"verdict": "noisy", "reasons": [
+        "other processes used 14% of the CPU (max 10%)"]}}))
+    reasons = validity_reasons(tmp_path)
+    noisy = {"state": "ok", "validity": "noisy", "validity_reasons": reasons, "elapsed_s": 12}
+    assert state_line("c", noisy) == "[cell] c: noisy (12 s): other processes used 14% of the CPU (max 10%)"
+    assert state_line("c", {**noisy, "validity": "valid"}) == "[cell] c: ok (12 s)"
+    assert validity_reasons(tmp_path / "none") == []
