@@ -147,21 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         print(final_hash(Path(argv[1])))
         return 0
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.chaos", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--strategies", default=",".join(WRITERS))
+    lineup.bench_arguments(ap, WRITERS, "results/chaos")
     ap.add_argument("--modes", default="before,torn,term")
     ap.add_argument("--max-points", type=int, default=12, help="crash points per strategy, evenly sampled")
-    ap.add_argument("--out", type=Path, default=Path("results/chaos"))
-    ap.add_argument("overrides", nargs="*", help="settings for every run (Hydra overrides)")
     args = ap.parse_args(argv)
-    if (error := lineup.unknown_strategies(args.strategies)):
-        print(error, file=sys.stderr)
+    if (strategies := lineup.strategies_given(args)) is None:
         return 2
     if importlib.util.find_spec("ckpt_chaos") is None:
         print("error: ckpt-chaos is not installed: pip install -c workflow/envs/constraints.txt -e '.[chaos]'",
               file=sys.stderr)
         return 2
     started, found = time.monotonic(), {}
-    for s in args.strategies.split(","):
+    for s in strategies:
         print(f"[{time.monotonic() - started:5.0f} s] {s} ...", flush=True)
         found[s] = chaos(s, args.out / s, args.modes, args.max_points, args.overrides)
         print(f"    {found[s]['points']} points: {found[s]['counts']} (exit {found[s]['exit']}, "

@@ -4,6 +4,10 @@ benches that fit it without an edit here. Lists come out in conf/'s order, the g
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
 from hydra.utils import get_class
 
 from resilience import compat
@@ -67,3 +71,18 @@ def unknown_strategies(arg: str) -> str | None:
     unknown = sorted(set(arg.split(",")) - set(compat.options("strategy")))
     return (f"error: --strategies={arg}: {', '.join(unknown)} unknown; strategies from "
             f"{', '.join(compat.options('strategy'))}") if unknown else None
+
+
+def bench_arguments(ap: argparse.ArgumentParser, strategies: list[str], out: str) -> None:
+    """A bench's common arguments: ``--strategies`` (default ``strategies``), ``--out`` and Hydra overrides."""
+    ap.add_argument("--strategies", default=",".join(strategies), help="comma-separated strategy options")
+    ap.add_argument("--out", type=Path, default=Path(out))
+    ap.add_argument("overrides", nargs="*", help="settings for every run (Hydra overrides)")
+
+
+def strategies_given(args: argparse.Namespace) -> list[str] | None:
+    """The ``--strategies`` asked for, or None after printing the one-line error for an unknown one."""
+    if (error := unknown_strategies(args.strategies)):
+        print(error, file=sys.stderr)
+        return None
+    return args.strategies.split(",")

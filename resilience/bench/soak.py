@@ -161,24 +161,21 @@ def table(rows: list[tuple[str, dict, dict[str, str]]], warmup: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m resilience.bench.soak", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--strategies", default=",".join(ASYNC))
+    lineup.bench_arguments(ap, ASYNC, "results/soak")
     ap.add_argument("--saves", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20, help="saves left out of the fit (default 20)")
     ap.add_argument("--tolerance", type=float, default=0.01, help="growth over the run, as a share of the first "
                                                                    "reading, that still counts as flat (default 0.01)")
     ap.add_argument("--timeout-min", type=float, default=15.0, help="per strategy (default 15)")
-    ap.add_argument("--out", type=Path, default=Path("results/soak"))
-    ap.add_argument("overrides", nargs="*", help="settings for every run (default workload=gpt_small world_size=2)")
-    args = ap.parse_args(argv)
-    if (error := lineup.unknown_strategies(args.strategies)):
-        print(error, file=sys.stderr)
+    args = ap.parse_args(argv)  # every run: workload=gpt_small world_size=2 seed=0, then the overrides
+    if (strategies := lineup.strategies_given(args)) is None:
         return 2
     if args.saves <= args.warmup + 3:
         print(f"error: --saves={args.saves}: must exceed --warmup ({args.warmup}) by more than 3", file=sys.stderr)
         return 2
     overrides = ["workload=gpt_small", "world_size=2", "seed=0", *args.overrides]
     started, rows = time.monotonic(), []
-    for strategy in args.strategies.split(","):
+    for strategy in strategies:
         print(f"[{time.monotonic() - started:5.0f} s] {strategy}: {args.saves} saves ...", flush=True)
         found = soak(strategy, args.out / strategy, args.saves, overrides, args.timeout_min * 60)
         atomic_write_json(args.out / f"{strategy}.json", found)
