@@ -94,49 +94,40 @@ def _kill_and_reap(pids: set[int]) -> None:
             os.waitpid(pid, 0)
 
 
-TORCH_SEGMENT = re.compile(r"^torch_(\d+)_")  # torch's shared-memory files: torch_<creating pid>_<random>_<n>
-
-
-def remove_torch_segments(pids: set[int], shm_dir: Path = Path("/dev/shm")) -> list[tuple[str, int]]:
-    """Remove the shared-memory files torch made for tensors that processes of the run (``pids``, all ended)
-    handed to other processes: a library's checkpoint worker (DCP's process executor, NVRx's async worker) gets
-    them so, and a process SIGKILLed never unlinks them (70 MB each in the peers matrix). Return (name, bytes)."""
-    removed = []
-    for path in shm_dir.glob("torch_*"):
-        match = TORCH_SEGMENT.match(path.name)
-        if match and int(match.group(1)) in pids:
-            with contextlib.suppress(OSError):
-                size = path.stat().st_size
-                path.unlink()
-                removed.append((path.name, size))
-    return removed
-
-
 LEAKABLE = re.compile(r"^(torch_\d+_|sem\.mp-)")  # torch's tensor segments, multiprocessing's named semaphores
 
 
-def in_use(shm_dir: Path = Path("/dev/shm")) -> set[str]:
-    """Names in ``shm_dir`` that a live process maps or holds open (a segment unlinked while open still counts)."""
-    prefix, used = f"{shm_dir}/", set()
+def in_use(shm_dir: Path = Path("/dev/shm")) -> set[int]:
+    """Inodes in ``shm_dir``'s file system that a live process maps or holds open. By inode, not by name: glibc's
+    sem_open maps a temporary file and links it under the semaphore's name, so a process's maps name the (deleted)
+    temporary file, never ``sem.mp-*``."""
+    dev = os.stat(shm_dir).st_dev
+    device = f"{os.major(dev):02x}:{os.minor(dev):02x}"
+    used: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
             for line in (entry / "maps").read_text().splitlines():
-                if (i := line.find(prefix)) >= 0:
-                    used.add(line[i + len(prefix):].split(" ")[0])
+                fields = line.split(maxsplit=5)
+                if len(fields) >= 5 and fields[3] == device:
+                    used.add(int(fields[4]))
             for fd in (entry / "fd").iterdir():
                 with contextlib.suppress(OSError):
-                    if (target := os.readlink(fd)).startswith(prefix):
-                        used.add(target[len(prefix):].split(" ")[0])
+                    target = os.stat(fd)
+                    if target.st_dev == dev:
+                        used.add(target.st_ino)
     return used
 
 
 def remove_unreachable(since: float, shm_dir: Path = Path("/dev/shm")) -> list[tuple[str, int]]:
     """Remove torch's tensor segments and multiprocessing's named semaphores made since ``since`` (wall clock: the
-    run's first job's start) that no live process maps or holds open: nothing can reach them any more. A job
-    SIGKILLed whole leaves them (its library workers and their resource tracker die with it: NVRx's 66 entries,
-    DLRover's fork server's semaphores); the job that resumes it removes them when it ends. Return (name, bytes)."""
+    run's first job's start) that no live process maps or holds open: nothing can reach them any more. Every process
+    of the run has ended when it is called. A library's checkpoint worker (DCP's process executor, NVRx's async
+    worker) gets tensors through such segments, and a process SIGKILLed never unlinks them (70 MB each in the peers
+    matrix); a job SIGKILLed whole leaves them (its library workers and their resource tracker die with it: NVRx's
+    66 semaphores, DLRover's fork server's); the job that resumes it removes them when it ends. Return (name,
+    bytes)."""
     removed, used = [], None
     for path in shm_dir.iterdir():
         if not LEAKABLE.match(path.name):
@@ -146,7 +137,7 @@ def remove_unreachable(since: float, shm_dir: Path = Path("/dev/shm")) -> list[t
             if stat.st_ctime < since:
                 continue
             used = in_use(shm_dir) if used is None else used  # read once, and only where a candidate is
-            if path.name not in used:
+            if stat.st_ino not in used:
                 path.unlink()
                 removed.append((path.name, stat.st_size))
     return removed

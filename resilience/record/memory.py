@@ -66,8 +66,8 @@ def tree_shm_bytes(root: int, shm: str = "/dev/shm/") -> int:
     return total
 
 
-def tree_pss_bytes(root: int, pids: set[int] | None = None) -> int:
-    """The PSS of ``root`` and every descendant, now; their pids are added to ``pids``."""
+def tree_pss_bytes(root: int) -> int:
+    """The PSS of ``root`` and every descendant, now."""
     total, todo, seen = 0, [root], set()
     while todo:
         pid = todo.pop()
@@ -76,8 +76,6 @@ def tree_pss_bytes(root: int, pids: set[int] | None = None) -> int:
         seen.add(pid)
         total += _pss_bytes(pid)
         todo += _children(pid)
-    if pids is not None:
-        pids |= seen
     return total
 
 
@@ -88,7 +86,6 @@ class MemorySampler:
         self.interval_s, self.root, self.shm = interval_s, root or os.getpid(), shm
         self.peak, self.samples = 0, 0
         self.shm_peak = 0  # of tree_shm_bytes, when ``shm`` (reading every process's maps costs ~ms a sample)
-        self.pids: set[int] = set()  # every process of the tree seen in a sample (what they leave is the run's)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
 
@@ -99,7 +96,7 @@ class MemorySampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_pss_bytes(self.root, self.pids))
+            self.peak = max(self.peak, tree_pss_bytes(self.root))
             if self.shm:
                 self.shm_peak = max(self.shm_peak, tree_shm_bytes(self.root))
             self.samples += 1

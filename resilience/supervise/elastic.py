@@ -172,6 +172,9 @@ class ElasticSupervisor(Supervisor):
         """The agent's grace between SIGTERM and SIGKILL: ``shutdown_timeout`` since torch 2.13; an older torch (a GPU
         machine's own, ``make gpu-check``) has no such setting and keeps its own default."""
         if "shutdown_timeout" not in inspect.signature(LocalElasticAgent.__init__).parameters:
+            logging.getLogger(__name__).warning(
+                "this torch's elastic agent takes no shutdown_timeout: timeouts.shutdown_s=%s does not apply (torch's "
+                "own grace does)", self.cfg.timeouts.shutdown_s)
             return {}
         return {"shutdown_timeout": int(self.cfg.timeouts.shutdown_s)}
 

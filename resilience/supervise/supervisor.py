@@ -23,8 +23,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
-from resilience.proc.orphans import (adopt_orphans, kill_children, kill_sessions, remove_torch_segments,
-                                     remove_unreachable)
+from resilience.proc.orphans import adopt_orphans, kill_children, kill_sessions, remove_unreachable
 from resilience.record.events import EventLog, read_events
 from resilience.settings.identity import job_first_attempt
 from resilience.record.host_load import HostLoadSampler
@@ -104,8 +103,8 @@ class Supervisor(ABC):
             left.update(kill_sessions(rank_pids(self.run_dir)))
             if left:  # a finding about the library that started them: recorded, not hidden
                 events.emit("orphans_killed", processes=sorted(left.values()))
-            segments = remove_torch_segments(sampler.pids | set(left) | rank_pids(self.run_dir))
-            segments += remove_unreachable(run_began(self.run_dir))  # a dead job's too, where this one resumes it
+            # a dead job's too, where this one resumes it
+            segments = remove_unreachable(run_began(self.run_dir))
             if segments:  # every process of the run is gone: what they shared with each other is a leak
                 events.emit("shm_leftovers_removed", files=sorted(n for n, _ in segments),
                             bytes=sum(b for _, b in segments))
