@@ -1,6 +1,8 @@
-"""The scheduler's second signal: ``python -m injectors.executioner GRACE_S RUN_DIR PID:START...`` SIGKILLs each
-listed process still alive ``GRACE_S`` seconds after it started, as SLURM does after a preemption's or a time
-limit's SIGTERM (its ``KillWait``), and a cloud after a spot instance's notice.
+"""The scheduler's second signal: ``python -m injectors.executioner DEADLINE RUN_DIR PID:START...`` SIGKILLs each
+listed process still alive at ``DEADLINE`` (``time.monotonic()``, the host's CLOCK_MONOTONIC: the notice's time
+plus its grace period, so that this process's own start-up does not lengthen it), as SLURM does after a
+preemption's or a time limit's SIGTERM (its ``KillWait``), a cloud after a spot instance's notice, and a node's
+scheduled maintenance at its hour.
 
 It runs in a session of its own, so the job it ends cannot take it along; it exits as soon as every listed process
 is gone (a job that finished within its grace period leaves nothing to kill, and no process behind). ``START`` is
@@ -39,8 +41,7 @@ def alive(pid: int, start: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    grace_s, victims = float(argv[0]), [tuple(map(int, a.split(":"))) for a in argv[2:]]  # argv[1]: the run dir
-    deadline = time.monotonic() + grace_s
+    deadline, victims = float(argv[0]), [tuple(map(int, a.split(":"))) for a in argv[2:]]  # argv[1]: the run dir
     while time.monotonic() < deadline:
         if not any(alive(pid, start) for pid, start in victims):
             return 0

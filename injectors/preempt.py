@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from injectors.executioner import started
@@ -36,7 +37,8 @@ class Preempt(JobKill):
     def _act(self, step: int) -> None:
         job = [*self._victims, os.getpid()]
         marks = [f"{pid}:{start}" for pid in job if (start := started(pid)) is not None]
-        subprocess.Popen([sys.executable, "-m", "injectors.executioner", str(self.grace_s), str(self.rt.run_dir),
+        deadline = time.monotonic() + self.grace_s
+        subprocess.Popen([sys.executable, "-m", "injectors.executioner", repr(deadline), str(self.rt.run_dir),
                           *marks], start_new_session=True, stdin=subprocess.DEVNULL)
         for pid in job:
             try:

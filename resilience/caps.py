@@ -68,6 +68,7 @@ class InjectorCaps(Caps):
     needs_checkpoint: str | None = None  # the setting with which it acts on a checkpoint (None: it does not)
     returns_after_s: float | None = None  # the lost node is back this long after the loss (None: never)
     ends_the_job: bool = False  # it kills our supervisor with every rank: the run goes on only with resume=
+    hands_over: bool = False  # it announces a node's loss ahead: the ranks listen and move its ranks to spares
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,13 @@ def replica_groups(c: Combination) -> int:
     return (c.parallel.replicas or 1) if c.parallel.shards_state else c.world_size
 
 
+def hands_over(caps: StrategyCaps) -> bool:
+    """Whether the strategy can give a leaving rank's place to a spare at a step boundary: ours that recover in
+    place in the world's group (torchft's quorum, which owns the step, takes a rank in only as a failure; survivors
+    training on in a group of their own would agree on the move in another group than the spare's)."""
+    return caps.recovers_in_place and not caps.owns_step and caps.keeps_world_group
+
+
 def saving(caps: StrategyCaps) -> bool:
     return caps.saves
 
@@ -119,6 +126,12 @@ RULES: list[Rule] = [
          lambda c: f"{c.set('fault')}: ends the whole job, and {c.set('strategy')} keeps the state only in the "
                    f"ranks' memory, which the job takes with it; use "
                    f"{c.instead('strategy', lambda s: not s.recovers_in_place)}"),
+    Rule("a_rank_to_hand_over", ("fault", "strategy"),
+         "A node's maintenance notice (its ranks move to spares), with a strategy that cannot recover in place.",
+         lambda c: c.fault.hands_over and not hands_over(c.strategy),
+         lambda c: f"{c.set('fault')}: moves the node's ranks to spares at a step boundary, with the state of a live "
+                   f"replica, which {c.set('strategy')} does not hand over (a checkpointing job's notice is "
+                   f"fault=preempt with checkpoint.on_notice=true); use {c.instead('strategy', hands_over)}"),
     Rule("a_save_on_notice", ("strategy", "checkpoint.on_notice"),
          "A save on a preemption's notice, with a strategy that never saves.",
          lambda c: c.on_notice and not c.strategy.saves,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from resilience.detectors.base import Detection, Detector
-from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
+from resilience.runtime.rank import REQUESTED_EXITS
 
 
 def describe_exit(exitcode: int) -> str:
@@ -28,7 +28,7 @@ class ProcessExit(Detector):
 
 
     def on_worker_failures(self, exit_codes: dict[int, int]) -> list[Detection]:
-        codes = {r: c for r, c in exit_codes.items() if c not in (RECOVERY_EXIT, NOTHING_TO_RECOVER_EXIT)}
+        codes = {r: c for r, c in exit_codes.items() if c not in REQUESTED_EXITS}
         if not codes:
             return []
         blamed = min(codes, key=lambda r: (0 if codes[r] < 0 else 1 if codes[r] != 1 else 2, r))

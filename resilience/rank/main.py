@@ -17,9 +17,10 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT, RECOVERY_EXIT
+from resilience.runtime.rank import DRAIN_EXIT, NOTHING_TO_RECOVER_EXIT, NOTICE_EXIT, RECOVERY_EXIT
 from resilience.rank.detectors import RankDetectors, RecoveryRequested
-from resilience.rank.notice import NOTICE_EXIT, NoticeHonoured
+from resilience.rank.notice import NoticeHonoured
+from resilience.rank.handover import Drained
 from resilience.record.events import EventLog, read_events
 from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
@@ -82,6 +83,8 @@ def run_rank(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         sys.exit(NOTHING_TO_RECOVER_EXIT)
     except NoticeHonoured:  # saved on a preemption's notice: the job is ending, a new one goes on
         sys.exit(NOTICE_EXIT)
+    except Drained:  # left its node on a maintenance notice: a spare takes the rank on
+        sys.exit(DRAIN_EXIT)
     except Exception:  # the supervisor sees the failure
         sys.exit(1)
 
@@ -148,7 +151,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         events.emit("recovery_requested", reaction=req.reaction, detector=req.detection.detector,
                     rollback_to=req.detection.rollback_to, fsync=True)
         raise
-    except NoticeHonoured:  # not a failure: recorded (notice_saved)
+    except (NoticeHonoured, Drained):  # not a failure: recorded (notice_saved, drained)
         raise
     except Exception as exc:  # record why this rank stopped, then fail the attempt
         if detectors is not None:

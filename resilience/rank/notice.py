@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-NOTICE_EXIT = 75  # EX_TEMPFAIL: the rank saved on its notice and ended; a new job goes on with the run
+
 
 
 class NoticeHonoured(Exception):

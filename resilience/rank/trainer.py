@@ -14,7 +14,9 @@ One attempt on one rank:
    ``fault_hook("during_checkpoint")`` inside the write);
 3. ``strategy.wait`` until every save is durable, then the parts' hashes and the final state hash (``run_end``).
 
-With ``checkpoint.on_notice=true`` every step ends with the ranks agreeing whether a preemption's notice came
+With ``fault=drain`` every step ends with the ranks agreeing which of them got their node's maintenance notice
+(``resilience.rank.handover``): those end (``Drained``), the others ``strategy.hand_over`` the state to their
+replacements. With ``checkpoint.on_notice=true`` every step ends with the ranks agreeing whether a preemption's notice came
 (``resilience.rank.notice``); when it did, ``strategy.save_now`` (unless the step just saved) and
 ``strategy.wait``, then the rank ends (``NoticeHonoured``) and the run goes on in a new job.
 
@@ -39,6 +41,7 @@ import time
 from omegaconf import DictConfig
 
 from resilience.rank.detectors import RankDetectors
+from resilience.rank.handover import Drained, MaintenanceNotice
 from resilience.rank.notice import Notice, NoticeHonoured
 from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
@@ -71,6 +74,9 @@ class Trainer:
         faults = [e["step"] for e in read_events(rt.run_dir) if e["kind"] == "fault_injected"]
         self.resume_at = faults[-1] if faults and rt.attempt > 0 else None
         self.notice = Notice(rt.device) if cfg.checkpoint.on_notice else None
+        # a job listens for a node's maintenance notice where one is announced (fault=drain)
+        self.maintenance = MaintenanceNotice(rt.rank, rt.world_size, rt.device) \
+            if rt.fault_hook.caps.hands_over else None
 
     def run(self) -> str:
         """Train to ``steps``; return the SHA-256 of the final model and optimizer state."""
@@ -86,6 +92,12 @@ class Trainer:
         step = start
         while step < self.steps:
             try:
+                # the end of the previous step: inside the try, since a peer may die in the agreement (its node
+                # went before the move); after the move every rank starts the next iteration with the agreement,
+                # as the replacements do
+                if self.maintenance is not None and (leaving := self.maintenance.leaving()):
+                    step = ev.step = self.position = self._hand_over(step, leaving)
+                    continue
                 step = ev.step = self.position = self.strategy.before_step(self.state, step)
                 step = ev.step = self.position = self.control.begin(step)
                 if step >= self.steps:
@@ -161,6 +173,21 @@ class Trainer:
             print(f"[rank 0 attempt {self.rt.attempt}] saved step {step} on the preemption's notice; the run goes "
                   f"on with resume=", flush=True)
         raise NoticeHonoured(step)
+
+    def _hand_over(self, step: int, leaving: list[int]) -> int:
+        """The ranks in ``leaving`` got their node's maintenance notice: they end here; the others take their
+        replacements into a new group and give them the state after ``step`` (nothing is rolled back)."""
+        rt = self.rt
+        if rt.rank in leaving:
+            assert self.maintenance is not None and self.maintenance.at is not None
+            rt.events.emit("drained", step=step, noticed_s=time.monotonic() - self.maintenance.at, fsync=True)
+            raise Drained(step)
+        if rt.rank == 0:
+            print(f"[rank 0 attempt {rt.attempt}] rank(s) {leaving} leave their node on its maintenance notice: "
+                  f"handing over at step {step}", flush=True)
+        step = rt.events.step = self.strategy.hand_over(self.state, step, leaving)
+        self._hash_parts(step, "recovered", collective=False)
+        return step
 
     def _hash_parts(self, position: int, why: str, collective: bool = True) -> None:
         """The real loop's checked points (train=real): each part's hash, for the run's ``state_parts``. Where not

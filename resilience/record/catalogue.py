@@ -107,6 +107,8 @@ _RANK: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "SIGTERM came (`noticed_s` ago on this rank)"),
     ("notice_saved", ("saved_s",), "the checkpoint of `step` saved on the notice is durable, `saved_s` after it; "
      "the rank ends and the run goes on in a new job"),
+    ("drained", ("noticed_s",), "fault=drain: the ranks agreed at the end of `step` that this one leaves its node "
+     "(`noticed_s` after its maintenance notice); it ends and a spare takes its rank"),
     ("parts_hashed", ("parts", "why"), "train=real: the SHA-256 of each part of the job's state at `step` (`why`: "
      "checkpoint step, loaded, recovered or end), compared with the fault-free run's at the same step"),
 )
@@ -132,6 +134,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("replica_mode", ("while_replacing",), "strategy=replica: how survivors behave while a rank is replaced"),
     ("replica_heal", ("source", "transfer_s", "bytes", "heal_s"), "a replacement took a replica's state"),
     ("peer_lost", ("error",), "a collective failed: a replica peer is gone"),
+    ("handover", ("leaving", "replace_timeout_s"), "fault=drain: a staying rank waits at the end of `step` for "
+     "the spares of the ranks `leaving` their node, to heal them"),
     ("reduced_group", ("generation", "participants", "replacing", "duration_s"),
      "survivors train on in a smaller group while the lost ranks are replaced"),
     ("replacement_too_slow", ("waited_s",), "no replacement came within the deadline: this survivor gives up"),

@@ -65,6 +65,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result.update(inprocess_recovery(events))  # NVRx's in-process restart: in place, or the supervisor's fallback
     result.update(_job_restarts(restarts))  # resume=: the whole job died and a new one went on
     result["notice"] = _notice(events)  # fault=preempt, checkpoint.on_notice: what the job made of its notice
+    result["drain"] = _drain(events)  # fault=drain: whether the node's ranks moved to spares before it went
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
     result["validity"] = _validity(first(sup, "host_load"))
     memory = first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
@@ -248,6 +249,24 @@ def _notice(events: list[dict]) -> dict[str, Any] | None:
     return {"grace_s": grace, "step": noticed["step"] if noticed else None,
             "saved_s": saved["saved_s"] if saved else None,
             "fitted": None if noticed is None else saved is not None and (grace is None or saved["saved_s"] <= grace)}
+
+
+def _drain(events: list[dict]) -> dict[str, Any] | None:
+    """A node's maintenance notice (fault=drain): the step at which its ranks left, whether they left before the
+    node went (``moved``), ``left_s`` from the notice to the last of them leaving, and ``stopped_s``: the time no
+    rank trained, from the staying ranks' handover to the start of the first step after it (waiting for the spares,
+    forming the group, the heal). None when the run had no such notice."""
+    given = first(events, "fault_injected", fault="drain")
+    if given is None:
+        return None
+    t0, drained, handover = given["t_mono"], [e for e in events if e["kind"] == "drained"], first(events, "handover")
+    trained = next((e for e in events if handover and e["kind"] == "step_end" and e["t_mono"] > handover["t_mono"]),
+                   None)
+    left_s = max(e["t_mono"] for e in drained) - t0 if drained else None
+    return {"notice_s": given["notice_s"], "ranks": sorted(e["rank"] for e in drained),
+            "step": drained[0]["step"] if drained else None,
+            "moved": left_s is not None and left_s <= given["notice_s"], "left_s": left_s,
+            "stopped_s": trained["t_mono"] - trained["duration_s"] - handover["t_mono"] if trained else None}
 
 
 def _job_restarts(restarts: list[JobRestart]) -> dict[str, Any]:

@@ -154,6 +154,12 @@ def summarize(r: dict[str, Any]) -> str:
                  f"({'within' if n['fitted'] else 'NOT within'} the grace period)" if n["step"] is not None
                  else "no save on it (checkpoint.on_notice=false)")
         lines.append(f"  preempted with {_fmt(n['grace_s'], ' s')} of notice: {saved}")
+    if r.get("drain"):  # fault=drain: the node's maintenance came with notice
+        d = r["drain"]
+        moved = (f"rank(s) {d['ranks']} moved to spares at step {d['step']}, {_fmt(d['left_s'], ' s')} after it; "
+                 f"training stopped {_fmt(d['stopped_s'], ' s')}" if d["moved"] else
+                 "its ranks had not moved when the node went: recovered as from a node loss")
+        lines.append(f"  node maintenance with {_fmt(d['notice_s'], ' s')} of notice: {moved}")
     if r.get("unrecoverable"):
         lines.append(f"  not recoverable: {r['unrecoverable']}")
     lines.append(f"  checkpoints {r['ckpt_count']} x {_fmt(r['ckpt_bytes'], ' B')}, stall {_fmt(r['ckpt_stall_s'], ' s')}, "

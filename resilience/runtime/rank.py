@@ -26,6 +26,14 @@ RECOVERY_EXIT = 75
 # A rank exits with this code when the state it must start from exists nowhere (``replica`` with every replica lost
 # at once): no restart can mend that, so the supervisor ends the run instead of spending its budget.
 NOTHING_TO_RECOVER_EXIT = 76
+# A rank exits with this code after it saved on a preemption's notice (checkpoint.on_notice): the job is ending and a
+# new one goes on with the run (resilience.rank.notice).
+NOTICE_EXIT = 77
+# A rank exits with this code when it left its node on a maintenance notice (fault=drain): the supervisor gives its
+# rank to a spare, a move that spends no restart budget (resilience.rank.handover).
+DRAIN_EXIT = 78
+# None of these is a fault for the detectors that watch exits.
+REQUESTED_EXITS = (RECOVERY_EXIT, NOTHING_TO_RECOVER_EXIT, NOTICE_EXIT, DRAIN_EXIT)
 
 # A phase hook: (phase, step) -> None. The training loop and the strategies call it at each named point.
 PhaseHook = Callable[[str, int], None]

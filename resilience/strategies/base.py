@@ -122,6 +122,12 @@ class CheckpointStrategy(Named, ABC):
         position to go on from, or re-raise ``error`` (the default: this process fails and is restarted)."""
         raise error
 
+    def hand_over(self, state: TrainState, position: int, leaving: list[int]) -> int:
+        """Ranks ``leaving`` end on their node's maintenance notice after ``position`` steps: take their
+        replacements into a new group, give them the state, return the position to go on from. Only a strategy
+        that recovers in place does (the table of rules refuses fault=drain with any other)."""
+        raise NotImplementedError(f"strategy={self.name} cannot hand ranks over to spares")
+
     def wait(self) -> None:
         """Block until every save started so far is durable; re-raise a failure of a background save."""
 

@@ -107,11 +107,25 @@ class ReplicaRecovery(CheckpointStrategy):
             return position
         # wait mode, or a collective failed at reduced width (a survivor or the replacement was lost): wait for the
         # next generation with all of them
+        return self._with_replacements(state, position, t0, error)
+
+    def hand_over(self, state: TrainState, position: int, leaving: list[int]) -> int:
+        """Ranks ``leaving`` end on their node's maintenance notice (fault=drain): wait for their spares and heal
+        them at this step boundary, as after a loss without notice but with no collective broken and no step cut
+        short (in either mode: a planned move has nothing to train on at reduced width for)."""
+        t0 = time.monotonic()
+        self.rt.events.emit("handover", step=position, leaving=leaving, fsync=True, **self.replace_deadline())
+        return self._with_replacements(state, position, t0,
+                                       RuntimeError(f"rank(s) {leaving} left their node on a maintenance notice"))
+
+    def _with_replacements(self, state: TrainState, position: int, t0: float, error: BaseException) -> int:
+        """Wait for the next generation with every replacement in it, form its group, heal; the position."""
+        rt = self.rt
         self._replacing = None
         if state.model is not None and is_sharded(state.model):  # let go of the broken groups before waiting
             self._held = release(state, error)
         try:  # re-raises if no new generation opens: then this rank fails too
-            generation = rt.group.rejoin(error, deadline["replace_timeout_s"])
+            generation = rt.group.rejoin(error, self.replace_deadline()["replace_timeout_s"])
         except TimeoutError as exc:
             raise self._too_slow(position, t0, exc) from error
         t_joined = time.monotonic()

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from resilience.runtime.rank import NOTHING_TO_RECOVER_EXIT
+from resilience.runtime.rank import DRAIN_EXIT, NOTHING_TO_RECOVER_EXIT
 from resilience.record.events import EventLog
 from resilience.rank.group import GENERATION_KEY, STORE_ENV, failed_key
 from resilience.record.board import reset_board
@@ -85,11 +85,15 @@ class ReplacingSupervisor(Supervisor):
             self._abort_hung(observer)
             time.sleep(float(self.cfg.supervisor.monitor_interval_s))
             return None
-        if set(failed) - self._killed:  # detected now; the replacement waits for the ranks that go with them
-            observer.exited({r: c for r, c in failed.items() if r not in self._killed})
+        # detected now; the replacement waits for the ranks that go with them
+        if news := unplanned({r: c for r, c in failed.items() if r not in self._killed}):
+            observer.exited(news)
         if late := self._settle(failed):
-            observer.exited(late)
+            if news := unplanned(late):
+                observer.exited(news)
             failed |= late
+        # every one of them left its node on a maintenance notice (fault=drain): a move, not a failure
+        planned = all(c == DRAIN_EXIT for c in failed.values())
         self._killed.clear()
         if NOTHING_TO_RECOVER_EXIT in failed.values():
             events.emit("unrecoverable", ranks=sorted(r for r, c in failed.items() if c == NOTHING_TO_RECOVER_EXIT),
@@ -97,10 +101,10 @@ class ReplacingSupervisor(Supervisor):
             say(f"{NOTHING_TO_RECOVER}: no restart can mend that, so the run ends here (a strategy that checkpoints "
                 "recovers from it)")
             return "failed"
-        if self._left == 0:
+        if self._left == 0 and not planned:
             say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
             return "failed"
-        self._replace(sorted(failed), events)
+        self._replace(sorted(failed), events, planned)
         return None
 
     def _settle(self, failed: dict[int, int]) -> dict[int, int]:
@@ -120,9 +124,10 @@ class ReplacingSupervisor(Supervisor):
             self._procs[rank].wait()  # gone before the next poll, which must not blame it again
             self._killed.add(rank)
 
-    def _replace(self, failed: list[int], events: EventLog) -> None:
-        """Open the next generation and start (or hand a warm spare) each failed rank; the survivors keep running."""
-        self._left -= 1
+    def _replace(self, failed: list[int], events: EventLog, planned: bool = False) -> None:
+        """Open the next generation and start (or hand a warm spare) each failed rank; the survivors keep running.
+        ``planned``: the ranks left their node on a maintenance notice; that move spends no restart budget."""
+        self._left -= 0 if planned else 1
         self._generation += 1
         generation = events.attempt = self._generation
         reset_board(self.run_dir, self.world_size, ranks=failed)
@@ -135,10 +140,11 @@ class ReplacingSupervisor(Supervisor):
             self._spawn(rank, generation)
         used = self.max_restarts - self._left
         events.emit("restart", policy=self.policy.name, restart=used, max_restarts=self.max_restarts, ranks=failed,
-                    from_spares=by_spare)
+                    from_spares=by_spare, planned=planned)
         others = "; the others keep running" if len(failed) < self.world_size else ""
-        say(f"replacing rank(s) {failed}{' with warm spares' if by_spare else ''}{others} "
-            f"(restart {used} of {self.max_restarts})")
+        spares = ' with warm spares' if by_spare else ''
+        say(f"moving rank(s) {failed} off their node before its maintenance{spares}{others}" if planned else
+            f"replacing rank(s) {failed}{spares}{others} (restart {used} of {self.max_restarts})")
         for _ in by_spare:
             self._spawn_spare()  # keep the pool full; it gets ready while training goes on
 
@@ -180,3 +186,8 @@ class ReplacingSupervisor(Supervisor):
             except subprocess.TimeoutExpired:
                 kill_hard(p.pid)
                 p.wait()
+
+
+def unplanned(exits: dict[int, int]) -> dict[int, int]:
+    """The exits that are failures: a rank that left its node on a maintenance notice is not one."""
+    return {r: c for r, c in exits.items() if c != DRAIN_EXIT}
