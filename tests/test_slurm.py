@@ -167,3 +167,68 @@ def multinode_across_two_nodes(cluster: LocalSlurm, results: Path, reference, tm
     assert re.search(r"^multinode 2x1-\w+ \(2 node\(s\) x 1 rank\(s\)\): ok, recovered True", done.stdout,
                      re.MULTILINE), done.stdout[-2000:]
     print(f"SLURM multinode: one run across two nodes in {time.monotonic() - started:.0f} s")
+
+
+# A whole job cancelled by the scheduler and the run resumed by a new batch job: the dependent-job pattern
+# (docs/pipeline.md, SLURM). Both jobs run the same command line; resume=auto starts the run in the first and
+# resumes it in the second, in a run directory the command names (not the clock).
+RESUMED = ("strategy=sync", "fault=none", "workload=gpt_tiny", "world_size=2", "steps=60", "checkpoint.every=5",
+           "seed=0", "detector=[process_exit]", "threads_per_rank=1")
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_a_job_cancelled_with_scancel_is_resumed_by_a_dependent_job_bit_exact(request, tmp_path):
+    if missing := missing_tools():
+        pytest.skip(f"SLURM packages not installed ({' '.join(missing)} missing): apt-get install {PACKAGES}, "
+                    "or make test-slurm")
+    if not selected(request.config):
+        pytest.skip("a real SLURM cluster: runs when selected (pytest -m slurm; make test-slurm)")
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster runs slurmctld and slurmd as root")
+    from conftest import run_experiment
+    from resilience.record.events import read_events
+
+    fault_free = run_experiment(tmp_path / "fault-free", "strategy=none", *RESUMED[1:])
+    cluster = LocalSlurm(Path(tempfile.mkdtemp(prefix="rb-slurm-")), nodes=1)
+    run_dir = tmp_path / "run"
+    command = " ".join([sys.executable, "-m", "resilience", *RESUMED, "resume=auto", f"hydra.run.dir={run_dir}"])
+
+    def sbatch(*options: str) -> str:
+        done = cluster.run("sbatch", "--parsable", f"--account={ACCOUNT}", f"--partition={PARTITION}",
+                           f"--chdir={ROOT}", *options, "--wrap", command)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    def state(job: str) -> str:
+        out = cluster.run("sacct", "-X", "-n", "--parsable2", "-j", job, "-o", "State").stdout.split()
+        return out[0] if out else ""
+
+    try:
+        cluster.up(timeout_s=120)
+        first = sbatch("-o", str(tmp_path / "first.out"))
+        second = sbatch("-o", str(tmp_path / "second.out"), f"--dependency=afterany:{first}")
+        deadline = time.monotonic() + 300
+        while not any(e["kind"] == "ckpt_durable" and e["step"] >= 10 for e in read_events(run_dir)):
+            assert time.monotonic() < deadline, (tmp_path / "first.out").read_text()
+            time.sleep(0.2)
+        assert cluster.run("scancel", first).returncode == 0
+        deadline = time.monotonic() + 600
+        while state(second) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            assert time.monotonic() < deadline, f"job {second}: {state(second)}"
+            time.sleep(1)
+        assert state(first).startswith("CANCELLED") and state(second) == "COMPLETED", (state(first), state(second))
+    finally:
+        left = cluster.down(timeout_s=60)
+        shutil.rmtree(cluster.root, ignore_errors=True)
+    assert left == []
+    said = (tmp_path / "second.out").read_text()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["final_state_sha256"] == fault_free["final_state_sha256"], said
+    (restart,) = result["job_restarts"]
+    assert result["jobs"] == 2 and restart["loaded_step"] >= 10 and f"resumed from step {restart['loaded_step']}\n" \
+        in said
+    assert processes_mentioning(str(run_dir)) == []
+    print(f"SLURM scancel + dependent job: resumed from step {restart['loaded_step']} (died at step "
+          f"{restart['died_at_step']}, lost {restart['lost_steps']}); back in {restart['job_restart_s']:.1f} s")
