@@ -269,3 +269,24 @@ def test_a_noisy_cells_console_line_says_why(tmp_path):
     assert state_line("c", noisy) == "[cell] c: noisy (12 s): other processes used 14% of the CPU (max 10%)"
     assert state_line("c", {**noisy, "validity": "valid"}) == "[cell] c: ok (12 s)"
     assert validity_reasons(tmp_path / "none") == []
+
+
+# A rank killed inside a save whose library handed its tensors to worker processes through /dev/shm (DCP's process
+# executor, NVRx's async worker: torch_<pid>_* files, 70 MB each in the peers matrix): the cell, as the pipeline
+# runs it, leaves nothing of the run in /dev/shm nor any process (the supervisor's sweep, resilience.proc.orphans).
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["dcp_async_process", "nvrx_async"])
+def test_a_kill_during_a_save_cell_leaves_no_shared_memory_behind(tmp_path, strategy):
+    from conftest import left_nothing
+
+    run_dir = tmp_path / "runs" / "cell"
+    run_dir.mkdir(parents=True)
+    overrides = [f"strategy={strategy}", "fault=kill", "fault.rank=1", "fault.at_step=8",
+                 "fault.phase=during_checkpoint", "workload=gpt_tiny", "world_size=2", "steps=12",
+                 "checkpoint.every=4", "seed=0", "detector=[process_exit]", "reference.check=none"]
+    shm_before = set(os.listdir(SHM_DIR))
+    record = run_cell(run_dir / "done.json", {"cell": f"kill-in-save-{strategy}", "overrides": overrides},
+                      timeout_s=200)
+    assert record["state"] == "ok", record
+    assert json.loads((run_dir / "result.json").read_text())["recovered"] is True
+    left_nothing(run_dir, shm_before)
