@@ -1,6 +1,6 @@
 """The report: ``index.html`` (one self-contained file) plus, beside it, every figure as PNG and its data as CSV.
 
-Sections, in order: headline tables, what each technique restores (``reports/job_state.py``), the measured
+Sections, in order: what to choose (``reports/decision.py``), headline tables, what each technique restores (``reports/job_state.py``), the measured
 figures of ``reports/registry.py`` (in its order), environment and run inventory, methods, and the scale projection
 with the registry's projected figures (labelled as a model output). Every file is written atomically;
 ``index.html`` last, so that its presence means the whole report is there.
@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from markupsafe import Markup
 
-from reports import job_state, methods, project, registry, sharded, stats, tables
+from reports import decision, job_state, methods, project, registry, sharded, stats, tables
 from reports.html import badge, figure, fmt, page, png_bytes, render_template, section, table
 from resilience.record.fsio import atomic_write_bytes
 
@@ -40,7 +40,8 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     """Write the report into ``out_html``'s folder; returns ``out_html``."""
     out = out_html.parent
     out.mkdir(parents=True, exist_ok=True)
-    parts = [_header(summary, matrix, limits), _headline(summary, limits, out), _job_state(summary, out)]
+    parts = [_header(summary, matrix, limits), _decision(summary, out), _headline(summary, limits, out),
+             _job_state(summary, out)]
     for name, spec in registry.MEASURED.items():
         fig, data = spec.drawing()(summary)
         png = png_bytes(fig)
@@ -72,7 +73,7 @@ def cell_counts(summary: pd.DataFrame, html: bool = False) -> str:
 
 
 def _header(summary: pd.DataFrame, matrix: dict[str, str], limits: dict[str, Any]) -> Markup:
-    toc = [("headline", "Headline"), ("job_state", JOB_STATE_TITLE),
+    toc = [("decision", DECISION_TITLE), ("headline", "Headline"), ("job_state", JOB_STATE_TITLE),
            *[(k, v.title) for k, v in registry.MEASURED.items()],
            ("environment", "Environment, limits and run inventory"), ("methods", "Methods"),
            ("projection", "Projection to cluster scale (model output)")]
@@ -109,6 +110,13 @@ def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
 
 
 INTERVAL_RULE = stats.INTERVAL_RULE  # the interval rule in words, kept beside its code
+DECISION_TITLE = "What to choose"
+
+
+def _decision(summary: pd.DataFrame, out: Path) -> Markup:
+    body, data = decision.html(summary)
+    write_csv(data, out / "decision.csv")
+    return section("decision", DECISION_TITLE, body)
 JOB_STATE_TITLE = "What each technique restores"
 
 
