@@ -49,9 +49,10 @@ RESULT_METRICS: list[tuple[str, str]] = [
     ("survivors_restarted", "Whether the ranks that did not fail were restarted too (false only with "
                             "strategy=replica, whose survivors re-form the group in place)."),
     ("recovery_breakdown_s.replay", "Checkpoint loaded to back at the fault's step: recomputing the lost steps."),
-    ("mttr_s", "Mean time to repair as the literature counts it: from the fault's detection (its injection when no "
-               "detector of ours saw it) to training running again (state loaded), without the replay of lost "
-               "work: restart + load. recovery_time_s adds detection and replay."),
+    ("mttr_s", "Time to repair: from the fault to training running again (state loaded), detection included, "
+               "without the replay of lost work: detect + restart + load. recovery_time_s adds the replay."),
+    ("restore_s", "The part of mttr_s after the fault's detection (its injection when no detector of ours saw it): "
+                  "restart + load."),
     ("lost_work_s", "The replay in seconds: the time spent recomputing the lost steps (lost_steps counts them)."),
     ("lost_steps", "The fault's step minus the step of the checkpoint the new attempt loaded (minus 0 when it "
                    "started from scratch): work done twice; never below 0 (a replica may be one step past it)."),

@@ -52,7 +52,8 @@ def test_recovery_metrics():
 
 def test_literature_metrics():
     r = compute_result(recovered_log(), RUN)
-    assert abs(r["mttr_s"] - (1.3 + 0.4)) < 1e-9  # detection to training again: restart + load, no replay
+    assert abs(r["mttr_s"] - (0.1 + 1.3 + 0.4)) < 1e-9  # the fault to training again: detect + restart + load
+    assert abs(r["restore_s"] - (1.3 + 0.4)) < 1e-9  # from the detection: restart + load, no replay
     assert abs(r["lost_work_s"] - 0.5) < 1e-9  # the replay of step 3
     # ETTR: the same 4 productive steps over the first step's start (1.0) to the last step's end (5.4)
     assert abs(r["ettr"] - 4 * 0.5 / 4.4) < 1e-9 and r["ettr"] > r["goodput"]

@@ -16,7 +16,8 @@ from resilience.record.query import (JobRestart, RecoveryWindow, durable_times, 
 from resilience.record.replicas import replica_groups, replica_recovery
 from resilience.record.world import world_sizes
 
-SCHEMA_VERSION = 1
+# 2: mttr_s counts from the fault (detection included; the part after it is restore_s); drain added
+SCHEMA_VERSION = 2
 
 
 def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
         # the configured rank: a node loss is recorded by each of the node's ranks, the first of them not always it
         "fault_rank": fault.get("target_rank", fault["rank"]) if fault else None,
         **_detection(events, fault),
-        "recovered": False, "recovery_time_s": None, "mttr_s": None, "lost_work_s": None,
+        "recovered": False, "recovery_time_s": None, "mttr_s": None, "restore_s": None, "lost_work_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},
         "lost_steps": None, "recovery_source": None, "recovery_bytes": None, "recovery_load_s": None,
         "survivors_restarted": None,
@@ -225,10 +226,12 @@ def _recovery_time(window: RecoveryWindow) -> dict[str, Any]:
     detection, t0 = window.detection, window.fault["t_mono"]
     t_detect = detection["t_mono"] if detection else t0
     t_loaded = window.ready["t_mono"]
-    # MTTR as the literature counts it: from the failure being known to training running again, without the
-    # replay of lost work, which is lost_work_s (time) beside lost_steps (count).
+    # MTTR: from the fault to training running again (detection included, since an undetected fault is down time
+    # too), without the replay of lost work, which is lost_work_s (time) beside lost_steps (count); the part after
+    # detection, the restore (restart + load), keeps its own name.
     return {"recovered": True, "recovery_time_s": window.resumed["t_mono"] - t0,
-            "mttr_s": t_loaded - t_detect, "lost_work_s": window.resumed["t_mono"] - t_loaded,
+            "mttr_s": t_loaded - t0, "restore_s": t_loaded - t_detect,
+            "lost_work_s": window.resumed["t_mono"] - t_loaded,
             "recovery_breakdown_s": {
         "detect": t_detect - t0 if detection else None,
         "restart": window.start["t_mono"] - t_detect,
