@@ -30,8 +30,8 @@ NOT_RUN = "not run"
 REASONS = {NOT_RUN: "not run", "failed": "failed", "invalid": "error", "unrecovered": "unrecovered"}
 # The headline tables' medians, each with its n and interval.
 STRATEGY_METRICS = ("ckpt_stall_s", "ckpt_durable_s", "ckpt_MB", "write_MBps", "write_pct_of_disk", "step_time_s",
-                    "goodput_fault_free")
-FAULT_METRICS = ("recovery_time_s", "lost_steps", "detection_latency_s", "goodput")
+                    "ettr_fault_free")
+FAULT_METRICS = ("recovery_time_s", "lost_steps", "detection_latency_s", "ettr")
 
 
 def col(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -177,25 +177,28 @@ def probe_note(limits: dict[str, Any], frame: pd.DataFrame) -> str:
 
 
 def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataFrame:
-    """One row per strategy: checkpoint costs, write bandwidth (and its share of the disk), goodput, bit-exactness."""
+    """One row per strategy: checkpoint costs, write bandwidth (and its share of the disk), step time and ETTR, from
+    its fault-free runs only (a row never pools runs of different faults); bit-exactness over all its runs. The
+    stall counts wherever a run measured one (in-memory snapshots stall training without a durable checkpoint)."""
     ok, disk = timed_runs(frame), disk_limit(limits, frame)
     rows, kept = [], []
     for strategy in order(frame, "cell.strategy"):
         mine, mine_ok = frame[frame["cell.strategy"] == strategy], ok[ok["cell.strategy"] == strategy]
-        saved = mine_ok[col(mine_ok, "ckpt_count") > 0]
-        bandwidth = col(saved, "ckpt_bytes") / col(saved, "ckpt_durable_s") / 1e6
         fault_free = mine_ok[mine_ok["cell.fault"] == "none"]
-        samples = {"ckpt_stall_s": col(saved, "ckpt_stall_s"), "ckpt_durable_s": col(saved, "ckpt_durable_s"),
+        saved = fault_free[col(fault_free, "ckpt_count") > 0]
+        bandwidth = col(saved, "ckpt_bytes") / col(saved, "ckpt_durable_s") / 1e6
+        samples = {"ckpt_stall_s": col(fault_free, "ckpt_stall_s"), "ckpt_durable_s": col(saved, "ckpt_durable_s"),
                    "ckpt_MB": col(saved, "ckpt_bytes") / 1e6, "write_MBps": bandwidth,
                    "write_pct_of_disk": 100 * bandwidth / disk if disk else pd.Series(dtype=float),
-                   "step_time_s": col(mine_ok, "step_time_s"), "goodput_fault_free": col(fault_free, "goodput")}
+                   "step_time_s": col(fault_free, "step_time_s"), "ettr_fault_free": col(fault_free, "ettr")}
         kept.append(samples)
         rows.append({"strategy": strategy, "cells": len(mine), "runs": len(finished(mine)), "runs_ok": len(mine_ok),
                      **medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine)})
     metrics = list(STRATEGY_METRICS)
     table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", *metrics, "bit_exact", "note",
                                         *interval_columns(metrics)])
-    return with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "goodput_fault_free"], kept)
+    return with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "step_time_s", "ettr_fault_free"],
+                       kept)
 
 
 # The recovery and launcher of "our" way: another (torchrun's restart, NVRx's in-process restart) is another row.
@@ -218,7 +221,7 @@ def way(frame: pd.DataFrame) -> pd.Series:
 
 
 def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (strategy, fault): recovery time, lost steps, detection latency, goodput, bit-exactness."""
+    """One row per (strategy, fault): recovery time, lost steps, detection latency, ETTR, bit-exactness."""
     ok = timed_runs(frame)
     ways = way(frame)
     rows, kept = [], []
@@ -229,7 +232,7 @@ def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
                 continue
             mine_ok = ok.loc[ok.index.intersection(mine.index)]
             samples = {"recovery_time_s": col(mine_ok, "recovery_time_s"), "lost_steps": col(mine_ok, "lost_steps"),
-                       "detection_latency_s": col(mine, "detection_latency_s"), "goodput": col(mine_ok, "goodput")}
+                       "detection_latency_s": col(mine, "detection_latency_s"), "ettr": col(mine_ok, "ettr")}
             kept.append(samples)
             rows.append({
                 "strategy": strategy, "fault": fault, "cells": len(mine), "runs": len(finished(mine)),
@@ -239,7 +242,7 @@ def headline_faults(frame: pd.DataFrame) -> pd.DataFrame:
     metrics = list(FAULT_METRICS)
     table = pd.DataFrame(rows, columns=["strategy", "fault", "cells", "runs", "recovered", *metrics, "bit_exact",
                                         "note", *interval_columns(metrics)])
-    return with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "goodput"], kept)
+    return with_ratios(table, ["fault"], ["recovery_time_s", "lost_steps", "ettr"], kept)
 
 
 def false_alarms(frame: pd.DataFrame) -> tuple[int, int]:

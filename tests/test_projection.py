@@ -110,8 +110,8 @@ def test_fit_strategies_from_measured_runs() -> None:
     assert a.stall.fixed_s == pytest.approx(0.1) and a.stall.per_writer_Bps == pytest.approx(10e9)
     assert not a.stall.storage_bound and a.durable.storage_bound  # stall << durable: an asynchronous save
     assert a.load.per_writer_Bps == pytest.approx(2e9)
-    assert a.restart.fixed_s == pytest.approx(10.0) and a.restart.per_writer_Bps is None
-    assert len(a.detection_samples) == 5
+    # one cost basis at scale: the restart and the detection are the scenario's, never the local runs' (9-11 s, 1-3 s)
+    assert a.restart == _defaults()["sync"].restart and a.detection_samples == ()
     at = a.at_scale(16e9, writers=4, storage_Bps=None)
     assert at.stall_s == pytest.approx(0.5) and at.lag_s == pytest.approx(5.0)
 

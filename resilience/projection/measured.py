@@ -10,8 +10,8 @@ ckpt_bytes                     yes      total checkpoint bytes of the run
 ckpt_stall_s                   yes      training-visible stall per checkpoint -> ``stall``
 ckpt_durable_s                 no       checkpoint start -> durable -> ``durable`` (else = stall)
 recovery_breakdown_s.load      no       checkpoint load on recovery -> ``load``
-recovery_breakdown_s.restart   no       process restart on recovery -> ``restart`` (fixed only)
-detection_latency_s            no       crash detection latency -> detection of crash kinds
+recovery_breakdown_s.restart   -        never fitted: see below
+detection_latency_s            -        never fitted: see below
 ckpt_writers or world_size     no       ranks that wrote the checkpoint (bytes per writer); else 1
 parallel.shards_per_replica    no       a sharded run's writers: each writes one shard (``sharded.py``)
 ============================== ======== ==========================================================
@@ -19,6 +19,13 @@ parallel.shards_per_replica    no       a sharded run's writers: each writes one
 A component whose column is missing (or all NaN for a strategy) keeps the scenario's default for that strategy;
 if the scenario has no such strategy either, a :class:`ConfigError` names the column. ``step_time_s`` and other
 columns are ignored here.
+
+One cost basis at scale: the restart (relaunching the job's processes, forming its communicators) and the
+detection of a failure are the job's and the cluster's, not the technique's, and what a few local ranks measure of
+them (~3 s and ~0.1 s here) says nothing of 16,384 GPUs. So every strategy, measured or not, takes them from the
+scenario: its own ``restart`` entry, else the scenario's ``sync`` one (``RESTART_BASIS``), and the scenario's
+detection time of each recovery kind. Only what scales with the checkpoint (its bytes per writer over the fitted
+bandwidth, and the fixed part of stall, durability and load) is fitted.
 """
 
 from __future__ import annotations
@@ -39,9 +46,8 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("strategy", "ckpt_bytes", "ckpt_stall_s")
 OPTIONAL_COLUMNS: dict[str, str] = {
     "durable": "ckpt_durable_s",
     "load": "recovery_breakdown_s.load",
-    "restart": "recovery_breakdown_s.restart",
 }
-DETECTION_COLUMN = "detection_latency_s"
+RESTART_BASIS = "sync"  # the scenario's restart for a strategy it does not list
 WRITER_COLUMNS: tuple[str, ...] = ("ckpt_writers", "world_size")
 
 
@@ -62,12 +68,21 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
     for name, rows in measured.groupby("strategy", sort=True):
         name = str(name)
         per_writer = pd.to_numeric(rows["ckpt_bytes"], errors="coerce") / writers.loc[rows.index]
-        fitted = _fit_one(name, rows, per_writer, defaults.get(name))
+        fitted = _fit_one(name, rows, per_writer, defaults.get(name), _restart(name, defaults))
         if fitted is None:
             log.warning("measured: strategy '%s' has no checkpoint samples; skipped", name)
             continue
         out[name] = fitted
     return out
+
+
+def _restart(name: str, defaults: Mapping[str, StrategyCosts]) -> ComponentCost:
+    """The scenario's restart for strategy ``name`` (its own entry, else ``RESTART_BASIS``'s)."""
+    for key in (name, RESTART_BASIS):
+        if key in defaults:
+            return defaults[key].restart
+    raise ConfigError(f"scenario: no restart cost for strategy '{name}' and no '{RESTART_BASIS}' strategy to take "
+                      f"it from: give strategies.{RESTART_BASIS}.restart in the scenario")
 
 
 def _writers(measured: pd.DataFrame) -> pd.Series:
@@ -87,8 +102,8 @@ def _samples(rows: pd.DataFrame, per_writer: pd.Series, column: str) -> tuple[np
     return per_writer[ok].to_numpy(float), seconds[ok].to_numpy(float)
 
 
-def _fit_one(name: str, rows: pd.DataFrame, per_writer: pd.Series,
-             default: StrategyCosts | None) -> StrategyCosts | None:
+def _fit_one(name: str, rows: pd.DataFrame, per_writer: pd.Series, default: StrategyCosts | None,
+             restart: ComponentCost) -> StrategyCosts | None:
     x, stall_y = _samples(rows, per_writer, "ckpt_stall_s")
     if not np.any(x > 0):
         return None
@@ -99,13 +114,13 @@ def _fit_one(name: str, rows: pd.DataFrame, per_writer: pd.Series,
     asynchronous = durable_y is not None and durable_y.size > 0 and \
         float(np.median(durable_y)) > 1.1 * float(np.median(stall_y))
     stall_bound = default.stall.storage_bound if default else not asynchronous
-    components: dict[str, ComponentCost] = {"stall": fit_component(x, stall_y, storage_bound=stall_bound)}
+    components: dict[str, ComponentCost] = {"stall": fit_component(x, stall_y, storage_bound=stall_bound),
+                                            "restart": restart}
     for component, column in OPTIONAL_COLUMNS.items():
-        bound = getattr(default, component).storage_bound if default else component != "restart"
+        bound = getattr(default, component).storage_bound if default else True
         cx, cy = _samples(rows, per_writer, column) if column in rows.columns else (np.empty(0), np.empty(0))
         if cy.size:
-            # Restart time (process launch, communicator set-up) does not scale with checkpoint bytes.
-            components[component] = fit_component(cx, cy, storage_bound=bound, fixed_only=component == "restart")
+            components[component] = fit_component(cx, cy, storage_bound=bound)
         elif default is not None:
             components[component] = getattr(default, component)
         elif component == "durable":
@@ -113,13 +128,7 @@ def _fit_one(name: str, rows: pd.DataFrame, per_writer: pd.Series,
         else:
             raise ConfigError(f"measured: column '{column}' missing or empty for strategy '{name}', "
                               f"and the scenario has no default strategy '{name}' to fall back on")
-    detection: tuple[float, ...] = default.detection_samples if default else ()
-    if DETECTION_COLUMN in rows.columns:
-        d = pd.to_numeric(rows[DETECTION_COLUMN], errors="coerce").dropna()
-        d = d[d >= 0]
-        if len(d):
-            detection = tuple(d.astype(float).tolist())
-    return StrategyCosts(name=name, detection_samples=detection,
+    return StrategyCosts(name=name, detection_samples=(),  # the scenario's detection times (module docstring)
                          max_bytes_per_writer=default.max_bytes_per_writer if default else None,
                          description=(default.description if default else "") + " (fitted from measured runs)",
                          **components)
