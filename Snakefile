@@ -6,6 +6,7 @@
     snakemake --config probe_max_age_h=6        # reuse a limits snapshot up to 6 h old (default 0: probe anew)
     snakemake --config rerun_noisy=true         # run again the cells measured on a busy host (kept in noisy/)
     snakemake --config allow_failed=true        # exit 0 even when a cell failed
+    snakemake --config scenario=meta_rsc_1k     # project to another cluster (conf/scenario/) or my.yaml's
     snakemake --report results/default/snakemake-report.zip
 
 profiles/default/config.yaml (read by itself) sets the cores and the resume behaviour. Each cell is one
@@ -143,8 +144,10 @@ rule project:
     localrule: True  # seconds of work: on the submit node, not a batch job (profiles/slurm)
     conda:
         ENV
+    params:
+        scenario=PIPELINE.scenario,  # --config scenario=: a conf/scenario/ name or a YAML's path
     shell:
-        "python -m reports.project {input.summary:q} {output.status:q} > {log:q} 2>&1"
+        "python -m reports.project {input.summary:q} {output.status:q} {params.scenario:q} > {log:q} 2>&1"
 
 
 rule report:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from reports import scenario_choice
 from reports.cell import set_aside_noisy
 from reports.limits import snapshot_dir
 from reports.matrix import Matrix, MatrixError, load_matrix
@@ -33,6 +34,7 @@ class PipelineConfig:
     probe: str  # the snapshot folder, results/<matrix>/probe/<stamp>
     run_dirs: list[Path]  # one per cell, whether it ran or not
     tokens: str  # the real loop's token file (train.data=loader), built once by rule tokens
+    scenario: str  # the projection's cluster: a conf/scenario/ name or a YAML's absolute path
 
 
 @contextmanager
@@ -56,6 +58,10 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     except MatrixError as exc:  # one line naming the key, not a traceback
         sys.exit(f"error: {exc}")
     results = str(config.get("results", f"results/{matrix.name}")).rstrip("/")  # one folder per matrix
+    try:
+        scenario = scenario_choice.chosen(config.get("scenario", scenario_choice.DEFAULT))
+    except scenario_choice.ScenarioError as exc:
+        sys.exit(f"error: {exc}")
     allow_failed = str(config.get("allow_failed", "false")).lower() in TRUE
     try:
         max_age_h = float(config.get("probe_max_age_h", 0))
@@ -83,4 +89,4 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     # The real loop's token file: one per machine, where every cell's loader looks for it (RB_DATA_DIR, the default
     # of train.loader.dir), built by rule tokens before any cell (a cell would build it itself, each one at once).
     data = os.environ.setdefault("RB_DATA_DIR", str(Path("data").resolve()))
-    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin")
+    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin", scenario)

@@ -1,6 +1,8 @@
-"""``python -m reports.project SUMMARY_CSV STATUS_JSON``: measured costs projected to cluster scale.
+"""``python -m reports.project SUMMARY_CSV STATUS_JSON [SCENARIO]``: measured costs projected to cluster scale.
 
-Runs ``python -m resilience.projection measured_csv=SUMMARY_CSV output_dir=<STATUS_JSON's folder>`` (figures and
+SCENARIO: a name in conf/scenario/ or a scenario YAML's path (the pipeline's ``--config scenario=``; default
+llama3_405b). Runs ``python -m resilience.projection measured_csv=SUMMARY_CSV output_dir=<STATUS_JSON's folder>``
+with it (figures and
 CSVs named ``projection_*``; see docs/projection.md). The projection is a model, not a measurement: it is labelled
 so wherever it appears. If it cannot run (e.g. no strategy in the matrix saved a checkpoint), STATUS_JSON records
 why and each expected figure is replaced by one that says so, so that the report still renders and tells the reader.
@@ -17,7 +19,7 @@ import pandas as pd
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from reports import registry  # noqa: E402
+from reports import registry, scenario_choice  # noqa: E402
 from reports.html import figure, table  # noqa: E402
 from resilience.proc import child  # noqa: E402
 from resilience.record.fsio import atomic_write_bytes, atomic_write_json  # noqa: E402
@@ -28,12 +30,13 @@ TABLES = ("summary",)
 TIMEOUT_S = 600
 
 
-def project(summary_csv: Path, status_json: Path) -> dict:
+def project(summary_csv: Path, status_json: Path, scenario: str = scenario_choice.DEFAULT) -> dict:
     """Run the projection into ``status_json``'s folder; always leaves every expected file there."""
     out_dir = status_json.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "resilience.projection", f"measured_csv={summary_csv.resolve()}",
-           f"output_dir={out_dir.resolve()}", f"hydra.run.dir={(out_dir / 'hydra').resolve()}"]
+           f"output_dir={out_dir.resolve()}", f"hydra.run.dir={(out_dir / 'hydra').resolve()}",
+           *scenario_choice.overrides(scenario, out_dir / "scenario_conf")]
     print("$ " + " ".join(cmd), flush=True)
     done = child.run(cmd, timeout_s=TIMEOUT_S)
     code, out, err = done.returncode, done.stdout, done.stderr + (f"timed out after {TIMEOUT_S} s" if done.timed_out
@@ -50,7 +53,8 @@ def project(summary_csv: Path, status_json: Path) -> dict:
             _placeholder(out_dir / f"projection_{name}.png", name, reason)
         for name in TABLES:
             atomic_write_bytes(out_dir / f"projection_{name}.csv", b"label,error\nprojection,not available\n")
-    status = {"ok": ok, "command": cmd, "exit_code": code, "error": reason, "console": out.strip()}
+    status = {"ok": ok, "command": cmd, "exit_code": code, "error": reason, "console": out.strip(),
+              "scenario": scenario}
     atomic_write_json(status_json, status)
     return status
 
@@ -95,10 +99,15 @@ def _placeholder(path: Path, name: str, reason: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m reports.project SUMMARY_CSV STATUS_JSON", file=sys.stderr)
+    if len(args) not in (2, 3):
+        print("usage: python -m reports.project SUMMARY_CSV STATUS_JSON [SCENARIO]", file=sys.stderr)
         return 2
-    status = project(Path(args[0]), Path(args[1]))
+    try:
+        scenario = scenario_choice.chosen(args[2]) if len(args) == 3 else scenario_choice.DEFAULT
+    except scenario_choice.ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    status = project(Path(args[0]), Path(args[1]), scenario)
     print("projection: " + ("done" if status["ok"] else f"not available ({status['error']})"), flush=True)
     return 0
 

@@ -158,6 +158,8 @@ def _projection(status_path: Path | None, measured: dict[str, int]) -> Markup:
     status = json.loads(status_path.read_text()) if status_path and status_path.exists() else None
     title = "Projection to cluster scale (model output)"
     context: dict[str, Any] = {"caption": caption("projection"), "status": status, "figures": [], "summary": None}
+    if status and status.get("scenario"):  # --config scenario=: a name, or the user's YAML
+        title += f", scenario {Path(status['scenario']).stem}"
     if status:
         folder = status_path.parent
         for name, spec in registry.PROJECTED.items():
@@ -168,7 +170,8 @@ def _projection(status_path: Path | None, measured: dict[str, int]) -> Markup:
         summary_csv = folder / "projection_summary.csv"
         if status.get("ok") and summary_csv.exists():
             proj = pd.read_csv(summary_csv)
-            proj.insert(1, "costs", [f"fitted from this matrix (n={int(measured[s])} runs)" if s in measured
+            proj.insert(1, "costs", [f"stall, durable, load fitted from this matrix (n={int(measured[s])} runs); "
+                                     f"restart and detection the scenario's" if s in measured
                                      else "scenario default (assumption)" for s in proj["strategy"]])
             shown = [c for c in PROJECTION_COLUMNS if c in proj.columns]
             if "goodput_shown" in shown:  # goodput to the failure band's precision, not 3 digits (reports/project.py)

@@ -306,3 +306,28 @@ def test_an_unrecovered_run_is_counted_apart_with_its_reason_not_as_not_bit_exac
     assert sync["lost_steps"] == pytest.approx(4.0)
     inv = inventory(pd.DataFrame(runs)).set_index("cell")
     assert inv.loc["r0", "error"] == why and inv.loc["s2", "error"] == "boom" and pd.isna(inv.loc["s0", "error"])
+
+
+@pytest.mark.timeout(180)
+def test_a_scenario_of_the_users_own_is_projected_and_a_bad_one_is_one_line(summary, tmp_path, capsys):
+    """``--config scenario=PATH`` (reports.scenario_choice): the user's YAML, not a built-in, is what the projection
+    projects to; a name that is neither says so in one line, exit 2."""
+    import yaml
+
+    from reports import project as project_cmd
+    from reports.scenario_choice import SCENARIOS, ScenarioError, chosen
+
+    spec = yaml.safe_load((SCENARIOS / "llama3_405b.yaml").read_text())
+    spec.update(name="my_cluster", gpus=2048)
+    mine = tmp_path / "my_cluster.yaml"
+    mine.write_text(yaml.safe_dump(spec))
+    csv = tmp_path / "summary.csv"
+    summary.to_csv(csv, index=False)
+    status = project(csv, tmp_path / "projection" / "projection_status.json", chosen(str(mine)))
+    assert status["ok"], status["error"]
+    projected = pd.read_csv(tmp_path / "projection" / "projection_summary.csv")
+    assert set(projected["gpus"]) == {2048}
+    with pytest.raises(ScenarioError, match=r"scenario=nope: must be one of .*llama3_405b"):
+        chosen("nope")
+    assert project_cmd.main([str(csv), str(tmp_path / "p2" / "s.json"), "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: scenario=nope: must be one of")
