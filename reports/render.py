@@ -52,8 +52,10 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
         parts.append(section(name, spec.title, render_template(
             "measured.html.j2", figure=figure(png, spec.title, spec.caption_text(), f"{name}.csv"),
             note=Markup(note(summary)) if note else "")))
-    fitted = tables.headline_strategies(summary, limits).dropna(subset=["ckpt_stall_s"])
-    measured = dict(zip(fitted["strategy"], fitted["ckpt_stall_s_n"]))  # strategy -> its checkpoints measured
+    # strategy -> the runs the projection fits (resilience.projection.measured: ok, not noisy, a checkpoint saved)
+    timed = tables.timed_runs(summary)
+    saved = timed[(tables.col(timed, "ckpt_bytes") > 0) & tables.col(timed, "ckpt_stall_s").notna()]
+    measured = saved["strategy"].value_counts().to_dict() if "strategy" in saved else {}
     parts += [_environment(summary, limits, environment, out), _methods(), _projection(projection_status, measured)]
     atomic_write_bytes(out_html, page(f"resilience-bench report: {matrix['name']}", "".join(parts)).encode())
     return out_html

@@ -322,3 +322,15 @@ def test_replica_rows_in_every_projection_table() -> None:
 def test_a_scenario_strategy_without_checkpoints_takes_no_save_costs() -> None:
     with pytest.raises(ConfigError, match=r"strategies.replica.stall=.*must be absent when checkpoint is false"):
         load(composed("scenario=llama3_405b", "+scenario.strategies.replica.stall={fixed_s: 1.0}"), REPO)
+
+
+def test_noisy_and_failed_runs_are_never_fitted() -> None:
+    sizes = np.repeat([1e9, 2e9, 4e9], 2)
+    frame = pd.DataFrame({"strategy": "async", "ckpt_bytes": sizes, "ckpt_stall_s": 0.1 + sizes / 10e9,
+                          "ckpt_durable_s": 1.0 + sizes / 1e9, "recovery_breakdown_s.load": 2.0 + sizes / 2e9,
+                          "state": "ok", "validity.verdict": "valid"})
+    spoiled = frame.copy()
+    spoiled.loc[0, "ckpt_stall_s"], spoiled.loc[0, "validity.verdict"] = 100.0, "noisy"  # a busy host's stall
+    spoiled.loc[1, "ckpt_stall_s"], spoiled.loc[1, "state"] = 100.0, "failed"
+    fitted, clean = fit_strategies(spoiled, _defaults())["async"], fit_strategies(frame.drop([0, 1]), _defaults())
+    assert fitted.stall == clean["async"].stall

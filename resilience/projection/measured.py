@@ -62,7 +62,7 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
     for column in REQUIRED_COLUMNS:
         if column not in measured.columns:
             raise ConfigError(f"measured: column '{column}' missing (required: {', '.join(REQUIRED_COLUMNS)})")
-    measured = measured[~resized(measured)]  # a shrunk run: its saves mix two shard counts, its load reshards
+    measured = measured[timed(measured) & ~resized(measured)]  # a shrunk run: its saves mix two shard counts
     writers = shards(measured).fillna(_writers(measured))  # FSDP/HSDP: the shard count, whatever the world size
     out = dict(defaults)
     for name, rows in measured.groupby("strategy", sort=True):
@@ -74,6 +74,17 @@ def fit_strategies(measured: pd.DataFrame, defaults: Mapping[str, StrategyCosts]
             continue
         out[name] = fitted
     return out
+
+
+def timed(measured: pd.DataFrame) -> pd.Series:
+    """The rows whose times may be fitted: ended ``ok`` and not measured on a busy host (``validity.verdict``
+    noisy), where the pipeline's summary says so (a results file without those columns is taken whole)."""
+    keep = pd.Series(True, index=measured.index)
+    if "state" in measured.columns:
+        keep &= measured["state"].astype(str) == "ok"
+    if "validity.verdict" in measured.columns:
+        keep &= measured["validity.verdict"].astype(str) != "noisy"
+    return keep
 
 
 def _restart(name: str, defaults: Mapping[str, StrategyCosts]) -> ComponentCost:
