@@ -23,7 +23,7 @@ from resilience.record.fsio import atomic_write_bytes
 
 PROJECTION_COLUMNS = ("strategy", "costs", "gpus", "ckpt_TB", "job_mtbf_h", "stall_s", "durable_s", "load_s",
                       "restart_s", "mean_recovery_s", "optimal_interval_s", "goodput_closed_form",
-                      "goodput_monte_carlo", "goodput_shown")
+                      "goodput_monte_carlo", "goodput_monte_carlo_ci95", "gap_flagged", "goodput_shown")
 
 
 def caption(name: str) -> str:
@@ -176,8 +176,8 @@ def _projection(status_path: Path | None, measured: dict[str, int]) -> Markup:
                                      f"restart and detection the scenario's" if s in measured
                                      else "scenario default (assumption)" for s in proj["strategy"]])
             shown = [c for c in PROJECTION_COLUMNS if c in proj.columns]
-            if "goodput_shown" in shown:  # goodput to the failure band's precision, not 3 digits (reports/project.py)
-                shown = [c for c in shown if c not in ("goodput_closed_form", "goodput_monte_carlo")]
+            # goodput_shown: to the failure band's precision; beside it the two models and whether their gap is larger
+            # than the simulation's own 95% error
             context.update(summary=table(proj, [(c, c) for c in shown], text=["strategy", "costs", "goodput_shown"]),
                            folder=folder.name, calibration=Markup(project.calibration_html(folder)),
                            per_shard=sharded.projection_html(folder))

@@ -275,6 +275,9 @@ def test_cli_end_to_end_writes_outputs(tmp_path: Path) -> None:
     summary = pd.read_csv(out / "projection_summary.csv")
     closed, mc = summary["goodput_closed_form"], summary["goodput_monte_carlo"]
     assert ((closed - mc).abs() / closed < 0.01).all()
+    # a gap beyond the simulation's 95% error is flagged for the reader, not hidden in the rounding
+    assert (summary["gap_flagged"] == ((closed - mc).abs() > summary["goodput_monte_carlo_ci95"])).all()
+    assert np.allclose(summary["closed_minus_monte_carlo"], closed - mc)
 
 
 def test_run_with_measured_csv(tmp_path: Path) -> None:

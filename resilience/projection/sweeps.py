@@ -92,6 +92,9 @@ def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = Non
             "goodput_band_low": low, "goodput_band_high": high, "goodput_shown": shown(p.goodput, low, high),
             "goodput_monte_carlo": sim.mean if sim else np.nan,
             "goodput_monte_carlo_ci95": sim.ci95 if sim else np.nan,
+            # the two models disagree by more than the simulation's own 95% error: a gap to read before a ranking
+            "closed_minus_monte_carlo": p.goodput - sim.mean if sim else np.nan,
+            "gap_flagged": bool(sim and abs(p.goodput - sim.mean) > sim.ci95),
             "monte_carlo_trials": sim.goodput.size if sim else 0,
             "failure_distribution": scn.failure.distribution,
         })
