@@ -149,7 +149,8 @@ def state_line(name: str, record: dict[str, Any]) -> str:
     """One line per finished cell: ``[cell] sync-kill-fd2e563d: ok (14 s)``, with the error of a failed one."""
     why = f": {record['error']}" if record.get("error") else ""
     if shown_state(record) == "noisy" and record.get("validity_reasons"):
-        why = f": {'; '.join(record['validity_reasons'])}"  # what made the host busy, in the run's own words
+        reasons = record["validity_reasons"]  # what made the host busy, in the run's own words; one line a cell
+        why = f": {reasons[0]}" + (f" (and {len(reasons) - 1} more: done.json)" if len(reasons) > 1 else "")
     return f"[cell] {name}: {shown_state(record)} ({record.get('elapsed_s', 0):.0f} s){why}"
 
 

@@ -65,6 +65,14 @@ RESULT_METRICS: list[tuple[str, str]] = [
              "from its first training step to its last. The one-time start-up and tear-down, which a real job "
              "amortizes over days, are outside; every restart, load, replay and checkpoint stall inside counts "
              "against it. This is the figure to compare with published ETTR and goodput."),
+    ("validity (noisy)", "A run is noisy when the host was not quiet while it was measured: other processes' CPU "
+                         "above validity.max_other_cpu (10% of all cores) or CPU steal above validity.max_steal "
+                         "(5%) over the whole run or over any of its checkpoint windows (rank 0's start of a save "
+                         "to its durability) or recovery windows (the fault to training back at its step), judged "
+                         "over the sampler's readings (every validity.sample_s) that bracket the window; or memory "
+                         "pressure above validity.max_memory_pressure over the run. A noisy run's bit-exact check "
+                         "counts; its times are kept out of every median, ratio and fit, and the inventory and the "
+                         "console line give the reason (where and by how much)."),
     ("final_state_sha256", "SHA-256 of rank 0's final training state. Under train=replayable (the default) that "
                            "is the whole state, model and optimizer: the RNG is re-seeded from (seed, step, rank) "
                            "before every step and a batch is a function of the step, so neither is state. Under "

@@ -144,8 +144,9 @@ def _environment(summary: pd.DataFrame, limits: dict[str, Any], env: dict[str, A
         inventory=table(inv, [("cell", "cell"), ("state", "state"), ("status", "result status"),
                               ("attempts", "attempts"), ("steps_completed", "steps done"), ("steps", "steps"),
                               ("wall_time_s", "wall (s)"), ("elapsed_s", "job (s)"),
-                              ("matches_reference", "bit-exact"), ("error", "error, or why unrecoverable")],
-                        text=["cell", "state", "status", "error"]))
+                              ("matches_reference", "bit-exact"), ("validity.verdict", "validity"),
+                              ("validity.reasons", "why noisy"), ("error", "error, or why unrecoverable")],
+                        text=["cell", "state", "status", "validity.verdict", "validity.reasons", "error"]))
     return section("environment", "Environment, limits and run inventory", body)
 
 

@@ -260,7 +260,7 @@ def false_alarm_note(frame: pd.DataFrame) -> str:
 def inventory(frame: pd.DataFrame) -> pd.DataFrame:
     """Every cell of the matrix, problems first (failed, invalid, not run): how it ended and why."""
     columns = ["cell", "state", "status", "attempts", "steps_completed", "steps", "wall_time_s", "elapsed_s",
-               "matches_reference", "error", "error_detail"]
+               "matches_reference", "validity.verdict", "validity.reasons", "error", "error_detail"]
     table = frame.reindex(columns=columns).copy()
     if "unrecoverable" in frame:  # why the supervisor gave up (result.json): the unrecovered run's error text
         table["error"] = table["error"].where(table["error"].notna(), frame["unrecoverable"])

@@ -62,7 +62,7 @@ def test_an_unrelated_busy_loop_counts_as_other_cpu():
         os.kill(hog, signal.SIGKILL)
     assert figures["own_cpu_s"] < used / 2, (figures, used)  # not the run's ...
     assert figures["other_cpu_frac"] * figures["cpus"] * wall > 0.8 * used, (figures, used)  # ... but other's
-    verdict = _validity({**figures, "thresholds": LIMITS})
+    verdict = _validity({**figures, "thresholds": LIMITS}, [])
     assert verdict["verdict"] == "noisy" and verdict["reasons"][0].startswith("other processes' CPU")
 
 
@@ -88,10 +88,36 @@ def test_the_runs_descendants_are_its_own_cpu_whoever_reaps_them():
 
 def test_verdicts():
     quiet = {"other_cpu_frac": 0.02, "steal_frac": 0.0, "memory_pressure_max": 0.0, "thresholds": LIMITS}
-    assert _validity(quiet)["verdict"] == "valid"
+    assert _validity(quiet, [])["verdict"] == "valid"
     stolen = {**quiet, "steal_frac": 0.2}
-    assert _validity(stolen) | {} and _validity(stolen)["reasons"] == ["CPU steal 0.2 > 0.05"]
-    assert _validity(None)["verdict"] == "unknown" and _validity({"other_cpu_frac": None})["verdict"] == "unknown"
+    assert _validity(stolen, [])["reasons"] == ["CPU steal 0.2 > 0.05 over the run"]
+    assert _validity(None, [])["verdict"] == "unknown"
+    assert _validity({"other_cpu_frac": None}, [])["verdict"] == "unknown"
+
+
+def _ev(t: float, kind: str, step: int, rank: int | None = 0) -> dict:
+    return {"t_mono": t, "kind": kind, "step": step, "rank": rank}
+
+
+def test_a_run_contended_only_during_its_checkpoint_is_noisy_and_says_where():
+    """Over the whole 20 s run another process used 5% of the cores (under the 10% threshold), all of it during
+    the checkpoint of step 10 (seconds 8 to 10: 100% of both cores there); the recovery's seconds were quiet."""
+    cpus, series = 2, []
+    busy = own = 0.0
+    for t in range(21):  # one reading a second: the run's own processes use one core throughout
+        series.append([float(t), busy, own, 0.0, 2.0 * t])
+        own += 1.0
+        busy += 1.0 + (2.0 if 8 <= t < 10 else 0.0)
+    load = {"other_cpu_frac": 4.0 / (20 * cpus), "steal_frac": 0.0, "memory_pressure_max": 0.0, "cpus": cpus,
+            "thresholds": LIMITS, "series": series}
+    events = [_ev(8.2, "ckpt_begin", 10), _ev(8.3, "ckpt_stall_end", 10), _ev(9.6, "ckpt_durable", 10),
+              _ev(3.1, "ckpt_begin", 5), _ev(3.3, "ckpt_durable", 5),
+              _ev(13.0, "fault_injected", 13, rank=1), _ev(16.5, "resumed", 13)]
+    verdict = _validity(load, sorted(events, key=lambda e: e["t_mono"]))
+    assert verdict["verdict"] == "noisy"
+    assert verdict["reasons"] == ["other processes' CPU 1 > 0.1 during the checkpoint of step 10"]
+    calm = {**load, "series": [[t, b - (2.0 * min(max(t - 8, 0), 2)), o, s, tot] for t, b, o, s, tot in series]}
+    assert _validity(calm, events)["verdict"] == "valid"  # the same run without the neighbour
 
 
 def test_rerun_noisy_sets_only_noisy_cells_aside_and_keeps_them(tmp_path):

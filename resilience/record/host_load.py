@@ -17,7 +17,9 @@ varied 10x with machine load. So every run records, over its own span:
   task waited for a CPU, or for memory), where the kernel has PSI.
 
 The verdict (``valid`` or ``noisy``, with its reasons) compares these with the run's ``validity`` thresholds
-(``conf/config.yaml``); ``resilience.record.metrics`` puts both in ``result.json``.
+(``conf/config.yaml``); ``resilience.record.metrics`` puts both in ``result.json``. The counters are also kept at
+every sample (``series``), so that the same figures can be taken over a window of the run (a checkpoint, a
+recovery: ``resilience.record.windows``): an average over the whole run hides a neighbour that was busy only then.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -137,9 +140,12 @@ class HostLoadSampler:
         self._thread = threading.Thread(target=self._loop, name="host-load-sampler", daemon=True)
         self._start: CpuTimes | None = None
         self.run = RunProcesses()
+        self.series: list[CpuTimes] = []  # the counters at every sample, for windows of the run
 
     def start(self) -> HostLoadSampler:
         self._start = CpuTimes.now(self.run)
+        if self._start:
+            self.series.append(self._start)
         self._thread.start()
         return self
 
@@ -149,16 +155,21 @@ class HostLoadSampler:
                                 ("memory_pressure", _pressure("memory"))):
                 if value is not None:
                     self.samples[name].append(value)
-            self.run.scan()
+            if (times := CpuTimes.now(self.run)) is not None:  # follows the run's tree too
+                self.series.append(times)
             self._stop.wait(self.interval_s)
 
-    def stop(self) -> dict[str, float | int | None]:
+    def stop(self) -> dict[str, Any]:
         """The figures of the module docstring (None where this host cannot tell)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         end, begin = CpuTimes.now(self.run), self._start
-        out: dict[str, float | int | None] = {
+        if end:
+            self.series.append(end)
+        # [t_mono, busy_s, own_s, steal_s, total_s] per sample: what resilience.record.windows reads
+        out_series = [[t.t_mono, t.busy_s, t.own_s, t.steal_s, t.total_s] for t in self.series]
+        out: dict[str, Any] = {
             f"{name}_max": max(values) if values else None for name, values in self.samples.items()}
         out["samples"] = len(self.samples["load"])
         out["cpus"] = os.cpu_count()
@@ -171,4 +182,5 @@ class HostLoadSampler:
             other = (end.busy_s - begin.busy_s) - (end.own_s - begin.own_s)
             out["other_cpu_frac"] = max(0.0, other) / capacity if capacity > 0 else None
             out["steal_frac"] = (end.steal_s - begin.steal_s) / (end.total_s - begin.total_s)
+        out["series"] = out_series
         return out

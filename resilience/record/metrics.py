@@ -14,6 +14,7 @@ from resilience.record.query import (JobRestart, RecoveryWindow, durable_times, 
                                      job_restarts, last_job, load_window, loads, median, productive_step_times,
                                      recovery_window, stalls, step_start, step_times)
 from resilience.record.replicas import replica_groups, replica_recovery
+from resilience.record import windows
 from resilience.record.world import world_sizes
 
 # 2: mttr_s counts from the fault (detection included; the part after it is restore_s); drain added
@@ -68,7 +69,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result["notice"] = _notice(events)  # fault=preempt, checkpoint.on_notice: what the job made of its notice
     result["drain"] = _drain(events)  # fault=drain: whether the node's ranks moved to spares before it went
     result["final_loss"] = _final_loss(events)  # every run: the report compares it with the reference's
-    result["validity"] = _validity(first(sup, "host_load"))
+    result["validity"] = _validity(first(sup, "host_load"), events)
     memory = first(sup, "host_memory")  # the run's process tree, peak PSS (resilience.record.memory)
     result["host_memory_peak_bytes"] = memory["peak_pss_bytes"] if memory else None
     hashes = {e["final_state_sha256"] for e in run_ends}
@@ -77,16 +78,18 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _validity(load: dict | None) -> dict[str, Any]:
-    """Whether the host was quiet enough while the run was measured (``resilience.record.host_load``): "valid",
-    "noisy" (with the figures over their thresholds) or "unknown" (not recorded: an older run, or no /proc)."""
+def _validity(load: dict | None, events: list[dict]) -> dict[str, Any]:
+    """Whether the host was quiet enough while the run was measured (``resilience.record.host_load``), over the
+    whole run and over each checkpoint and recovery window (``resilience.record.windows``): "valid", "noisy" (with
+    the figures over their thresholds, and where) or "unknown" (not recorded: an older run, or no /proc)."""
     if load is None or load.get("other_cpu_frac") is None:
         return {"verdict": "unknown", "reasons": []}
     limits = load.get("thresholds", {})
     checks = (("other_cpu_frac", "max_other_cpu", "other processes' CPU"), ("steal_frac", "max_steal", "CPU steal"),
               ("memory_pressure_max", "max_memory_pressure", "memory pressure"))
-    reasons = [f"{label} {load[key]:.3g} > {limits[limit]}" for key, limit, label in checks
+    reasons = [f"{label} {load[key]:.3g} > {limits[limit]} over the run" for key, limit, label in checks
                if load.get(key) is not None and limit in limits and load[key] > limits[limit]]
+    reasons += windows.reasons(load, events)
     figures = {k: load.get(k) for k in ("other_cpu_frac", "steal_frac", "load_max", "cpu_pressure_max",
                                         "memory_pressure_max", "cpus")}
     return {"verdict": "noisy" if reasons else "valid", "reasons": reasons, **figures}
