@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from reports import registry
-from reports.pipeline import cell_states, failed_count, state_table, stop_jobs_on_signal
+from reports.pipeline import cell_states, failed_count, results_summary, state_table, stop_jobs_on_signal
 from reports.pipeline_config import pipeline_config
 
 
@@ -196,6 +196,7 @@ onsuccess:
     states = cell_states(RUN_DIRS)
     print(state_table(states))
     if Path(f"{RESULTS}/report/index.html").exists():
+        print(results_summary(Path(f"{RESULTS}/report/decision.csv")))
         print(f"report: {RESULTS}/report/index.html")
     if MULTINODE and Path(MULTINODE_DIR, "result.json").exists():  # rule multinode ran: its outcome in one line
         r = json.loads(Path(MULTINODE_DIR, "result.json").read_text())

@@ -227,8 +227,9 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
             rows.append({"workload": workload, "question": a.question.key, "asks": a.question.asks,
                          "leader": lead, "runner_up": second,
                          "called": bool(lead and second and a.called(lead, second) == "better"),
-                         "answer": a.sentence()})
-    return pd.DataFrame(rows, columns=["workload", "question", "asks", "leader", "runner_up", "called", "answer"])
+                         "ratio": a.ratio(lead, second) if lead and second else None, "answer": a.sentence()})
+    return pd.DataFrame(rows, columns=["workload", "question", "asks", "leader", "runner_up", "called", "ratio",
+                                       "answer"])
 
 
 COVERS = ("Each interval is an exact 95% interval of a median over the timed runs of this pipeline run (ok, not "

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+import pandas as pd
 import psutil  # a dependency of Snakemake
 
 from reports.cell import shown_state
@@ -42,6 +43,23 @@ def state_table(states: dict[str, str]) -> str:
     failed = [name for name, s in states.items() if s in FAILED]
     if failed:
         lines.append("failed or invalid (done.json and the log name the reason): " + ", ".join(failed))
+    return "\n".join(lines)
+
+
+def results_summary(decision_csv: Path) -> str:
+    """The console's last lines: each question of the report's decision section and its answer in a few words
+    (``reports/decision.py``'s CSV); "" when the report has none."""
+    try:
+        rows = pd.read_csv(decision_csv)
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return ""
+    if rows.empty or not {"workload", "asks", "leader", "runner_up", "called", "ratio"} <= set(rows.columns):
+        return ""  # none, or a report of an older layout
+    lines = [f"results (the report's \"What to choose\"; each call needs the 95% intervals apart):"]
+    for r in rows.itertuples():
+        said = (f"{r.leader} leads {r.runner_up}" if r.called else
+                f"no difference shown between {r.leader} and {r.runner_up}")
+        lines.append(f"  [{r.workload}] {r.asks} {said} ({r.ratio})")
     return "\n".join(lines)
 
 
