@@ -96,8 +96,8 @@ def _headline(summary: pd.DataFrame, limits: dict[str, Any], out: Path) -> str:
                        ("ckpt_MB", "checkpoint size (MB)"), ("write_MBps", "write bandwidth (MB/s)"),
                        ("write_pct_of_disk", "% of disk limit"), ("step_time_s", "step time (s)"),
                        ("ettr_fault_free", "ETTR, fault-free (start-up excluded)"), ("bit_exact", "bit-exact"),
-                       ("note", "")],
-               text=["strategy", "bit_exact", "note"], ratios={m: f"{m}_vs_sync" for m in (
+                       ("workarounds", "ran with our workarounds (docs/peers.md)"), ("note", "")],
+               text=["strategy", "bit_exact", "workarounds", "note"], ratios={m: f"{m}_vs_sync" for m in (
                    "ckpt_stall_s", "ckpt_durable_s", "write_MBps", "step_time_s", "ettr_fault_free")},
                intervals=tables.STRATEGY_METRICS)
     t2 = table(faults, [("strategy", "strategy"), ("fault", "fault"), ("cells", "cells"), ("runs", "finished"),

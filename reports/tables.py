@@ -87,6 +87,21 @@ def _not_by_design(rows: pd.DataFrame) -> pd.Series:
     return (reduced | resized).fillna(False).astype(bool)
 
 
+def workarounds(rows: pd.DataFrame) -> str:
+    """The workarounds the rows' library ran with (``peer_patches``, declared in each result.json; docs/peers.md),
+    so that a library's row never reads as the library as shipped: "clone_loaded_state", or "" (none)."""
+    import json
+
+    names: dict[str, None] = {}
+    for value in rows.get("peer_patches", pd.Series(dtype=object)).dropna():
+        try:
+            listed = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            continue
+        names.update(dict.fromkeys(p if isinstance(p, str) else p.get("name", "?") for p in listed or []))
+    return ", ".join(names)
+
+
 def finished(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of cells that ran (a done.json: any state but ``not run``)."""
     return frame[frame["state"] != NOT_RUN] if "state" in frame else frame
@@ -193,10 +208,11 @@ def headline_strategies(frame: pd.DataFrame, limits: dict[str, Any]) -> pd.DataF
                    "step_time_s": col(fault_free, "step_time_s"), "ettr_fault_free": col(fault_free, "ettr")}
         kept.append(samples)
         rows.append({"strategy": strategy, "cells": len(mine), "runs": len(finished(mine)), "runs_ok": len(mine_ok),
-                     **medians(samples), "bit_exact": bit_exact(mine), "note": not_measured(mine)})
+                     **medians(samples), "bit_exact": bit_exact(mine), "workarounds": workarounds(mine),
+                     "note": not_measured(mine)})
     metrics = list(STRATEGY_METRICS)
-    table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", *metrics, "bit_exact", "note",
-                                        *interval_columns(metrics)])
+    table = pd.DataFrame(rows, columns=["strategy", "cells", "runs", "runs_ok", *metrics, "bit_exact", "workarounds",
+                                        "note", *interval_columns(metrics)])
     return with_ratios(table, [], ["ckpt_stall_s", "ckpt_durable_s", "write_MBps", "step_time_s", "ettr_fault_free"],
                        kept)
 

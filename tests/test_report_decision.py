@@ -90,3 +90,15 @@ def test_the_section_comes_first_in_the_report(tmp_path):
                   None).read_text()
     assert page.index('id="decision"') < page.index('id="headline"')
     assert "async leads" in page and (tmp_path / "decision.csv").exists()
+
+
+def test_a_librarys_row_names_the_workarounds_it_ran_with_and_in_memory_stalls_are_shown():
+    from reports import tables
+
+    nvrx = runs("nvrx_async", ckpt_stall_s=0.02, ckpt_count=4, ckpt_bytes=1e7, ckpt_durable_s=0.9)
+    for r in nvrx:
+        r["peer_patches"] = '["cuda_synchronize", "cpu_staging_copy"]'
+    memory = runs("inmemory", ckpt_stall_s=0.005, ckpt_count=0)  # snapshots: a stall, never a durable checkpoint
+    head = tables.headline_strategies(frame(nvrx, memory), {}).set_index("strategy")
+    assert head.at["nvrx_async", "workarounds"] == "cuda_synchronize, cpu_staging_copy"
+    assert head.at["inmemory", "workarounds"] == "" and head.at["inmemory", "ckpt_stall_s_n"] == 6
