@@ -59,8 +59,9 @@ def project(summary_csv: Path, status_json: Path, scenario: str = scenario_choic
     return status
 
 
-CALIBRATION_COLUMNS = [("figure", "figure"), ("source", "source"), ("gpus", "GPUs"), ("published", "published"),
-                       ("implied_per_gpu_mttf_h", "per-GPU MTTF it implies (GPU-h)"),
+CALIBRATION_COLUMNS = [("figure", "figure"), ("source", "source"), ("source_id", "independent source"),
+                       ("gpus", "GPUs"), ("published", "published"),
+                       ("implied_per_gpu_mttf_h", "per-GPU MTTF it implies (GPU-h)"), ("bound", "point or bound"),
                        ("model_value", "model at the scenario's rate"), ("error", "relative error")]
 
 
@@ -74,7 +75,7 @@ def calibration_html(folder: Path) -> str:
     cal["error"] = [f"{v:+.0%}" for v in cal["relative_error"]]
     rate = float(cal["scenario_per_gpu_mttf_h"].iloc[0])
     html = ("<h3>The failure band: published figures and the model's reproduction</h3>"
-            + str(table(cal, CALIBRATION_COLUMNS, text=["figure", "source", "published", "error"]))
+            + str(table(cal, CALIBRATION_COLUMNS, text=["figure", "source", "source_id", "published", "bound", "error"]))
             + f"<p class=\"caption\">Each figure inverted through the failure model gives a per-GPU MTTF; the "
               f"scenario's own calibration is {rate:,.0f} GPU-hours, and the model's value of each figure at that "
               f"rate is shown with its relative error. The rates the figures imply span the failure band; every "

@@ -97,3 +97,16 @@ def test_bad_band_settings_are_rejected_in_one_line(tmp_path: Path) -> None:
     bad.write_text("name,gpus,quantity,value,days,recovery_min,source,note\nx,100,mtbf,1,,,somewhere,\n")
     with pytest.raises(ConfigError, match=r"figures\[row 1\].quantity=mtbf: must be one of interruptions"):
         read_figures(bad, "figures")
+
+
+def test_the_band_counts_each_source_once_and_a_lower_bound_never_sets_the_pessimistic_edge():
+    from resilience.projection.calibration import FailureBand, PublishedFigure
+
+    def mttf(name: str, hours: float, source: str, bound: str = "") -> PublishedFigure:
+        return PublishedFigure(name, 1000, "job_mttf_h", hours, "s", source_id=source, bound=bound)
+
+    points = [mttf("a", 10, "one"), mttf("a_projected", 20, "one"), mttf("b", 40, "two")]
+    band = FailureBand.of([*points, mttf("c", 5, "three", "lower")])  # at least 5,000 GPU-h: below every point
+    assert (band.low_h, band.high_h, band.sources) == (10_000, 40_000, 3)
+    band = FailureBand.of([*points, mttf("c", 80, "three", "lower")])  # at least 80,000 GPU-h: the band must reach it
+    assert (band.low_h, band.high_h) == (10_000, 80_000)

@@ -42,6 +42,12 @@ class PublishedFigure:
     note: str = ""
     days: float | None = None          # interruptions: the observation window
     recovery_min: float | None = None  # ettr: the whole job's stall per failure
+    # figures that come from one measurement (one rate projected to two sizes, one cluster's two settings) share a
+    # source: the band counts each source once
+    source_id: str = ""
+    # "lower": the figure only says the per-GPU MTTF is at least what it implies (an ETTR that blames every lost
+    # second on failures: other losses would mean fewer failures); "" a point estimate
+    bound: str = ""
 
     def model_value(self, per_gpu_mttf_h: float) -> float:
         """What the failure model says of this figure when the per-GPU MTTF is ``per_gpu_mttf_h``."""
@@ -76,6 +82,9 @@ class PublishedFigure:
         return f"MTTF {self.value:g} {UNITS[self.quantity]}"
 
 
+BOUNDS = ("", "lower")  # a point estimate of the per-GPU MTTF, or a lower bound on it
+
+
 def read_figures(path: str | Path, field: str) -> list[PublishedFigure]:
     """The figures of a CSV (``#`` lines are comments); every value is checked, naming its row and column."""
     rows = read_csv_rows(path, field)
@@ -92,7 +101,9 @@ def read_figures(path: str | Path, field: str) -> list[PublishedFigure]:
             quantity=quantity, value=value, source=as_name(row.get("source"), f"{at}.source"),
             note=row.get("note") or "",
             days=_number(row.get("days"), f"{at}.days", gt=0) if quantity == "interruptions" else None,
-            recovery_min=_number(row.get("recovery_min"), f"{at}.recovery_min", gt=0) if quantity == "ettr" else None))
+            recovery_min=_number(row.get("recovery_min"), f"{at}.recovery_min", gt=0) if quantity == "ettr" else None,
+            source_id=row.get("source_id") or row.get("name") or "",
+            bound=as_choice(row.get("bound") or "", f"{at}.bound", BOUNDS)))
     names = [f.name for f in figures]
     if len(set(names)) != len(names):
         fail(field, path, "figure names must be unique")
@@ -130,8 +141,16 @@ class FailureBand:
 
     @classmethod
     def of(cls, figures: Sequence[PublishedFigure]) -> "FailureBand":
-        implied = [f.implied_mttf_h() for f in figures]
-        return cls(min(implied), max(implied), tuple(figures))
+        """The edges from the point estimates; a lower bound (the MTTF is at least that) can only raise the
+        fewest-failures edge, never set the most-failures one."""
+        points = [f.implied_mttf_h() for f in figures if not f.bound] or [f.implied_mttf_h() for f in figures]
+        bounds = [f.implied_mttf_h() for f in figures if f.bound == "lower"]
+        return cls(min(points), max(points + bounds), tuple(figures))
+
+    @property
+    def sources(self) -> int:
+        """Independent sources among the figures (a source's figures count once)."""
+        return len({f.source_id for f in self.figures})
 
     def rates_h(self, point_h: float) -> np.ndarray:
         """Every rate the band's verdicts are checked at: its edges, each figure's rate, and the point estimate."""
@@ -144,6 +163,7 @@ class FailureBand:
             model = f.model_value(point_h)
             rows.append({
                 "label": "projection", "scenario": scenario, "figure": f.name, "source": f.source, "note": f.note,
+                "source_id": f.source_id, "bound": f.bound or "point", "independent_sources": self.sources,
                 "gpus": f.gpus, "quantity": f.quantity, "published": f.published, "published_value": f.value,
                 "implied_per_gpu_mttf_h": f.implied_mttf_h(), "scenario_per_gpu_mttf_h": point_h,
                 "model_value": model, "relative_error": model / f.value - 1,
