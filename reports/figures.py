@@ -117,9 +117,12 @@ def n_label(name: str, sizes, per: str = "point") -> str:
 
 
 def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
-    """Stall and time-until-durable per checkpoint, and the stall's share of training time, against the interval."""
+    """Stall and time-until-durable per checkpoint, and the stall's share of training time: against the interval
+    where the matrix runs several, else per strategy at its one interval. Fault-free runs only (a row never pools
+    faults); a run counts with a stall (in-memory snapshots stall training without a durable checkpoint)."""
     ok = ok_runs(frame)
-    saved = ok[col(ok, "ckpt_count") > 0]
+    ok = ok[ok.get("cell.fault_label", pd.Series("none", index=ok.index)).astype(str) == "none"]
+    saved = ok[col(ok, "ckpt_stall_s").notna()]
     data = pd.DataFrame({
         "cell": saved.get("cell"), "strategy": saved.get("cell.strategy"), "fault": saved.get("cell.fault_label"),
         "checkpoint_every": col(saved, "cell.checkpoint.every"), "ckpt_stall_s": col(saved, "ckpt_stall_s"),
@@ -128,6 +131,8 @@ def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     if data.empty:
         return empty("Checkpoint overhead vs interval", "no run saved a checkpoint"), data
     data["overhead_pct"] = 100 * data["ckpt_stall_s"] / (data["checkpoint_every"] * data["step_time_s"])
+    if data["checkpoint_every"].nunique() < 2:
+        return _overhead_at_one_interval(data), data
     long = data.melt(id_vars=["strategy", "checkpoint_every"], value_vars=["ckpt_stall_s", "ckpt_durable_s"],
                      var_name="measure", value_name="seconds")
     long["measure"] = long["measure"].map({"ckpt_stall_s": "stall", "ckpt_durable_s": "until durable"})
@@ -153,6 +158,29 @@ def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=9, title_fontsize=9)
     fig.tight_layout()
     return fig, data
+
+
+def _overhead_at_one_interval(data: pd.DataFrame) -> Figure:
+    """The overhead figure of a matrix with one checkpoint interval: per strategy, not a line over one point."""
+    every = int(data["checkpoint_every"].dropna().iloc[0]) if data["checkpoint_every"].notna().any() else None
+    rows = []
+    for strategy in order(data, "strategy"):
+        mine = data[data["strategy"] == strategy]
+        rows.append({"strategy": strategy, **medians({"stall": mine["ckpt_stall_s"],
+                                                       "until durable": mine["ckpt_durable_s"],
+                                                       "overhead": mine["overhead_pct"]})})
+    table = pd.DataFrame(rows)
+    labels = [n_label(s, [n], "bar") for s, n in zip(table["strategy"], table["stall_n"])]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 0.5 * len(table) + 2))
+    interval_bars(a, table, ["stall", "until durable"], labels)
+    a.set(xscale="log", xlabel="seconds per checkpoint (median; bar: its CI)",
+          title=f"Cost of one checkpoint, every {every} steps")
+    interval_bars(b, table, ["overhead"], labels)
+    b.set(xlabel="stall / training time between checkpoints (%)",
+          title=f"Overhead at this matrix's one interval ({every} steps); matrix=full sweeps it")
+    b.get_legend().remove()
+    fig.tight_layout()
+    return fig
 
 
 def cell_note(r) -> str:

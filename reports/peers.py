@@ -22,11 +22,12 @@ from matplotlib.figure import Figure
 
 from reports import stats
 from reports.figures import interval_bars
-from reports.tables import bit_exact, col, finished, medians, noisy, order, with_ratios
+from reports.tables import bit_exact, col, finished, medians, noisy, order, way, with_ratios
 from resilience import compat
 
 MEASURES = {"stall_s": "ckpt_stall_s", "durable_s": "ckpt_durable_s", "load_s": "recovery_load_s",
             "recovery_s": "recovery_time_s", "lost_steps": "lost_steps"}
+AFTER_A_FAULT = ("load_s", "recovery_s", "lost_steps")  # over the faults every strategy of the workload met
 TIMED = ("stall_s", "durable_s", "recovery_s")  # drawn, and compared with sync
 
 
@@ -63,7 +64,10 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
     runs = runs[~runs.get("is_reference", pd.Series(False, index=runs.index)).astype(bool)] if len(runs) else runs
     if runs.empty:
         return pd.DataFrame()
+    # our recovery and launcher only: torchrun's restart or NVRx's in-process one is a recovery peer (its own figure)
+    runs = runs[way(runs) == runs["cell.strategy"].astype(str)]
     rows, samples = [], []
+    shared = _shared_faults(runs)
     for (workload, strategy), group in runs.groupby(["cell.workload", "cell.strategy"], sort=False):
         library = group.get("peer.library", pd.Series(dtype=object)).dropna()
         row = {"workload": workload, "family": family(strategy), "strategy": strategy,
@@ -71,7 +75,11 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
                "version": _first(group, "peer.version"), "patches": _patches(group), "runs": len(group),
                "bit_exact": bit_exact(group)}
         timed = group[~noisy(group)]  # a busy host's timings stay out; its bit-exact check counts
-        samples.append({name: col(timed, source) for name, source in MEASURES.items()})
+        # never a row that pools different faults: the costs of saving from the fault-free runs, the recovery from
+        # the faults every strategy of the workload met (sync alone also meets hangs and bit flips)
+        label = timed.get("cell.fault_label", pd.Series("none", index=timed.index)).astype(str)
+        free, hit = timed[label == "none"], timed[label.isin(shared.get(workload, set()))]
+        samples.append({name: col(hit if name in AFTER_A_FAULT else free, source) for name, source in MEASURES.items()})
         row.update(medians(samples[-1]))  # each with its n and 95% interval (reports.stats)
         row["noisy_runs"] = int(noisy(group).sum())
         # Peak PSS of the run's processes (ranks, supervisor, the library's helpers), fault-free runs only: a
@@ -93,6 +101,16 @@ def peers_table(frame: pd.DataFrame) -> pd.DataFrame:
         for part in ("low", "high", "level"):  # the ratio's interval and its stated level (reports.stats)
             table[f"{name}_{part}"] = [getattr(e, part) if e else None for e in ests]
     return table
+
+
+def _shared_faults(runs: pd.DataFrame) -> dict[str, set[str]]:
+    """Per workload: the fault labels every checkpointing strategy of it was run with (none excluded)."""
+    out = {}
+    for workload, rows in runs.groupby("cell.workload", sort=False):
+        labels = rows.get("cell.fault_label", pd.Series("none", index=rows.index)).astype(str)
+        each = [set(labels[rows["cell.strategy"] == s]) - {"none"} for s in rows["cell.strategy"].unique()]
+        out[workload] = set.intersection(*each) if each else set()
+    return out
 
 
 def peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:

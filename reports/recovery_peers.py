@@ -17,8 +17,9 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from reports.figures import median_ci, n_label
-from reports.tables import col, finished, medians, noisy, order
+from reports import stats
+from reports.figures import n_label
+from reports.tables import col, finished, medians, noisy
 
 STRATEGIES = ("sync", "replica", "replica_torchft")
 
@@ -88,17 +89,22 @@ def recovery_peers(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
         return fig, table
     runs = rows_of(frame)
     runs = runs[~noisy(runs)].assign(recovery_s=col(runs, "recovery_time_s"))
-    counts = runs.groupby(["way", "cell.fault_label"], sort=False)["recovery_s"].count()
-    runs = runs.assign(way=runs["way"].map(lambda w: n_label(w, counts.get(w, pd.Series([0])), "bar")))
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(table) + 1.5))
-    if len(runs):
-        sns.barplot(runs, y="way", x="recovery_s", hue="cell.fault_label", estimator="median", errorbar=median_ci,
-                    capsize=0.2, ax=ax, order=order(runs, "way"))
+    # One bar per (way, fault), each on its own labelled row: no legend to cover a bar, no bar a slot off its label.
+    bars = []
+    for (way, fault), group in runs.groupby(["way", "cell.fault_label"], sort=False):
+        est = stats.median_interval(group["recovery_s"])
+        if est.n:
+            bars.append((n_label(f"{way}: {fault}", [est.n], "bar"), est))
+    fig, ax = plt.subplots(figsize=(13, 0.4 * len(bars) + 1.8))
+    for y, (name, est) in enumerate(bars):
+        ax.barh(y, est.median, color=sns.color_palette()[y % 10])
+        ax.errorbar(est.median, y, xerr=[[est.median - est.low], [est.high - est.median]], color="black",
+                    capsize=3)
+    ax.set_yticks(range(len(bars)), [name for name, _ in bars])
+    ax.invert_yaxis()
     ax.set(xlabel="recovery time, fault to training again (s, median; noisy runs left out)\n"
                   "bar: the median's CI, 95% from 6 runs, else the runs' range at its own level (75% at n=3)",
            ylabel="")
-    if ax.get_legend():
-        ax.get_legend().set_title("fault")
     fig.tight_layout()
     return fig, table
 

@@ -31,6 +31,9 @@ class Measured:
     draw: str | Draw  # "module:function", or the function itself
     caption: str | None = None  # None: reports/captions/<name>.rst
     note: str | None = None  # "module:function" (summary -> HTML under the figure), or None
+    # "module:function" (summary -> bool): whether the report shows the section; its files are written either way
+    # (the pipeline's outputs). None: always shown
+    shown: str | None = None
 
     def drawing(self) -> Draw:
         """The drawing function (imported on first use)."""
@@ -39,6 +42,10 @@ class Measured:
     def noting(self) -> Callable[[pd.DataFrame], str] | None:
         """The function that writes the HTML under the figure, if any."""
         return _resolve(self.note) if self.note else None
+
+    def applies(self, summary: pd.DataFrame) -> bool:
+        """Whether the section has anything to show for ``summary`` (a matrix without sharded cells: no section)."""
+        return _resolve(self.shown)(summary) if self.shown else True
 
     def caption_text(self) -> str:
         """The caption as one paragraph: the entry's own, or its caption file's."""
@@ -94,7 +101,8 @@ def _resolve(ref: str | Callable) -> Callable:
 
 for _figure in (
     Measured("recovery_breakdown", "Recovery time breakdown", "reports.figures:recovery_breakdown"),
-    Measured("ckpt_overhead", "Checkpoint overhead against the checkpoint interval", "reports.figures:ckpt_overhead"),
+    Measured("ckpt_overhead", "Checkpoint overhead (against the interval where the matrix sweeps it)",
+             "reports.figures:ckpt_overhead"),
     Measured("detection", "Detection coverage", "reports.figures:detection", note="reports.tables:false_alarm_note"),
     Measured("timeline", "Timelines: one representative run per strategy", "reports.timeline:timeline",
              note="reports.timeline:trace_links"),
@@ -102,7 +110,7 @@ for _figure in (
     Measured("recovery_peers", "Recovery without a checkpoint: ours against torchft and NVRx",
              "reports.recovery_peers:recovery_peers"),
     Measured("sharded", "Sharded training: FSDP and HSDP", "reports.sharded:sharded",
-             note="reports.sharded:sharded_note",
+             note="reports.sharded:sharded_note", shown="reports.sharded:has_sharded_cells",
              caption="Checkpoint save (training-visible stall) and load after a fault per parallel setting, shard "
                      "count, strategy and fault (medians; bars: the median's interval, 95% from 6 runs, else the runs' range at its own level: 75% at n=3)."),
     Projected("goodput_vs_interval", "projection_interval_sweep.csv",

@@ -49,6 +49,8 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
         atomic_write_bytes(out / f"fig_{name}.png", png)
         write_csv(data, out / f"{name}.csv")
         note = spec.noting()
+        if not spec.applies(summary):  # its files are written (the pipeline's outputs), its section left out
+            continue
         parts.append(section(name, spec.title, render_template(
             "measured.html.j2", figure=figure(png, spec.title, spec.caption_text(), f"{name}.csv"),
             note=Markup(note(summary)) if note else "")))
@@ -76,7 +78,7 @@ def cell_counts(summary: pd.DataFrame, html: bool = False) -> str:
 
 def _header(summary: pd.DataFrame, matrix: dict[str, str], limits: dict[str, Any]) -> Markup:
     toc = [("decision", DECISION_TITLE), ("headline", "Headline"), ("job_state", JOB_STATE_TITLE),
-           *[(k, v.title) for k, v in registry.MEASURED.items()],
+           *[(k, v.title) for k, v in registry.MEASURED.items() if v.applies(summary)],
            ("environment", "Environment, limits and run inventory"), ("methods", "Methods"),
            ("projection", "Projection to cluster scale (model output)")]
     return render_template("header.html.j2", matrix=matrix, counts=Markup(cell_counts(summary, html=True)),

@@ -83,6 +83,11 @@ def _throughput(timed: pd.DataFrame) -> str:
     return f"{first:.2f} -> {last:.2f} ({sizes}; n={len(firsts)})"
 
 
+def has_sharded_cells(summary: pd.DataFrame) -> bool:
+    """Whether the matrix asked for a sharded cell (parallel=fsdp|hsdp): the report's section is left out without."""
+    return len(sharded_cells(summary)) > 0
+
+
 def sharded_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per (parallel, strategy, fault) of the sharded cells, in the matrix's order (module docstring)."""
     cells = sharded_cells(summary)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from reports import sharded, stats
+from resilience.projection.cost_model import ComponentCost, StrategyCosts
 from resilience.projection.measured import fit_strategies
 from resilience.projection.sharded import per_shard_fit
 
@@ -99,7 +100,9 @@ def test_the_per_shard_fit_recovers_the_line_and_is_the_projections():
     assert save["n"] == 6 and save["shard_counts"] == "2, 4, 8"
     assert save["fixed_s"] == pytest.approx(a) and save["s_per_GB"] == pytest.approx(b)
     assert fit.loc[("sync", "load"), "GBps_per_shard"] == pytest.approx(1 / b)
-    costs = fit_strategies(frame, {})["sync"]  # the shrunk row is left out here too
+    restart = ComponentCost(180.0)  # the scenario's: a restart is never fitted (one cost basis at scale)
+    costs = fit_strategies(frame, {"sync": StrategyCosts("sync", restart, restart, restart, restart)})["sync"]
+    assert costs.restart == restart  # the shrunk row is left out here too
     # with the shard count as writers the strategy's line is the per-shard one: at 1,000 writers of a 1 TB
     # checkpoint each writes 1 GB
     assert costs.stall.seconds(1000 * GB, 1000, None) == pytest.approx(a + b)
