@@ -131,14 +131,14 @@ def ckpt_overhead(frame: pd.DataFrame) -> tuple[Figure, pd.DataFrame]:
     if data.empty:
         return empty("Checkpoint overhead vs interval", "no run saved a checkpoint"), data
     data["overhead_pct"] = 100 * data["ckpt_stall_s"] / (data["checkpoint_every"] * data["step_time_s"])
+    label = {s: n_label(s, data[data["strategy"] == s].groupby("checkpoint_every").size())
+             for s in order(data, "strategy")}
+    data["runs"] = data["strategy"].map(label)  # every point's n and interval level is in its legend entry
     if data["checkpoint_every"].nunique() < 2:
         return _overhead_at_one_interval(data), data
     long = data.melt(id_vars=["strategy", "checkpoint_every"], value_vars=["ckpt_stall_s", "ckpt_durable_s"],
                      var_name="measure", value_name="seconds")
     long["measure"] = long["measure"].map({"ckpt_stall_s": "stall", "ckpt_durable_s": "until durable"})
-    label = {s: n_label(s, data[data["strategy"] == s].groupby("checkpoint_every").size())
-             for s in order(data, "strategy")}
-    data["runs"] = data["strategy"].map(label)  # every point's n and interval level is in its legend entry
     hue_order = list(label.values())
     long = long.assign(strategy=long["strategy"].map(dict(zip(data["strategy"], data["runs"]))))
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
