@@ -177,9 +177,11 @@ rule report:
         ENV
     params:
         matrix=MATRIX.source,
+        chaos=PIPELINE.chaos,  # ckpt-chaos's table, when python -m resilience.bench.chaos has written it
     shell:
         "python -m reports {input.summary:q} --matrix {params.matrix:q} --limits {input.limits:q} "
-        "--environment {input.environment:q} --projection {input.projection:q} --out {output.html:q} > {log:q} 2>&1"
+        "--environment {input.environment:q} --projection {input.projection:q} --chaos {params.chaos:q} "
+        "--out {output.html:q} > {log:q} 2>&1"
 
 
 include: "workflow/slurm/multinode.smk"  # rule multinode: one experiment across nodes (profiles/slurm), not in `all`

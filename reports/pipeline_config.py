@@ -35,6 +35,7 @@ class PipelineConfig:
     run_dirs: list[Path]  # one per cell, whether it ran or not
     tokens: str  # the real loop's token file (train.data=loader), built once by rule tokens
     scenario: str  # the projection's cluster: a conf/scenario/ name or a YAML's absolute path
+    chaos: str  # ckpt-chaos's table for the report (python -m resilience.bench.chaos; --config chaos=PATH)
 
 
 @contextmanager
@@ -89,4 +90,5 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     # The real loop's token file: one per machine, where every cell's loader looks for it (RB_DATA_DIR, the default
     # of train.loader.dir), built by rule tokens before any cell (a cell would build it itself, each one at once).
     data = os.environ.setdefault("RB_DATA_DIR", str(Path("data").resolve()))
-    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin", scenario)
+    chaos = str(config.get("chaos", "results/chaos/chaos.md"))
+    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin", scenario, chaos)

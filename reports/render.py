@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from markupsafe import Markup
 
-from reports import decision, job_state, methods, project, registry, sharded, stats, tables
+from reports import decision, job_state, methods, outside, project, registry, sharded, stats, tables
 from reports.html import badge, figure, fmt, page, png_bytes, render_template, section, table
 from resilience.record.fsio import atomic_write_bytes
 
@@ -36,7 +36,7 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits: dict[str, Any],
-           environment: dict[str, Any], projection_status: Path | None) -> Path:
+           environment: dict[str, Any], projection_status: Path | None, chaos: Path | None = None) -> Path:
     """Write the report into ``out_html``'s folder; returns ``out_html``."""
     out = out_html.parent
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,8 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     timed = tables.timed_runs(summary)
     saved = timed[(tables.col(timed, "ckpt_bytes") > 0) & tables.col(timed, "ckpt_stall_s").notna()]
     measured = saved["strategy"].value_counts().to_dict() if "strategy" in saved else {}
-    parts += [_environment(summary, limits, environment, out), _methods(), _projection(projection_status, measured)]
+    parts += [outside.chaos_section(chaos), _environment(summary, limits, environment, out), _methods(),
+              _projection(projection_status, measured)]
     atomic_write_bytes(out_html, page(f"resilience-bench report: {matrix['name']}", "".join(parts)).encode())
     return out_html
 
@@ -79,7 +80,8 @@ def cell_counts(summary: pd.DataFrame, html: bool = False) -> str:
 def _header(summary: pd.DataFrame, matrix: dict[str, str], limits: dict[str, Any]) -> Markup:
     toc = [("decision", DECISION_TITLE), ("headline", "Headline"), ("job_state", JOB_STATE_TITLE),
            *[(k, v.title) for k, v in registry.MEASURED.items() if v.applies(summary)],
-           ("environment", "Environment, limits and run inventory"), ("methods", "Methods"),
+           ("chaos", outside.CHAOS_TITLE), ("environment", "Environment, limits and run inventory"),
+           ("methods", "Methods"),
            ("projection", "Projection to cluster scale (model output)")]
     return render_template("header.html.j2", matrix=matrix, counts=Markup(cell_counts(summary, html=True)),
                            generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),

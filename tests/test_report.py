@@ -331,3 +331,15 @@ def test_a_scenario_of_the_users_own_is_projected_and_a_bad_one_is_one_line(summ
         chosen("nope")
     assert project_cmd.main([str(csv), str(tmp_path / "p2" / "s.json"), "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: scenario=nope: must be one of")
+
+
+def test_the_ckpt_chaos_table_is_in_the_report_when_the_bench_wrote_it(summary, tmp_path):
+    chaos = tmp_path / "chaos.md"
+    chaos.write_text("| strategy | crash points | PASS | HARD_FAIL |\n|---|---|---|---|\n| sync | 8 | 8 | 0 |\n")
+    html = (render(summary, tmp_path / "r1" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
+                   {}, None, chaos)).read_text()
+    section = html[html.index('<section id="chaos"'):]
+    assert "<td>sync</td>" in section[:section.index("</section>")].replace(" ", "") or "sync" in section
+    html = render(summary, tmp_path / "r2" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
+                  {}, None, tmp_path / "missing.md").read_text()
+    assert "Not run for this report" in html and "python -m resilience.bench.chaos" in html
