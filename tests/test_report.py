@@ -339,7 +339,8 @@ def test_the_ckpt_chaos_table_is_in_the_report_when_the_bench_wrote_it(summary, 
     html = (render(summary, tmp_path / "r1" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
                    {}, None, chaos)).read_text()
     section = html[html.index('<section id="chaos"'):]
-    assert "<td>sync</td>" in section[:section.index("</section>")].replace(" ", "") or "sync" in section
+    body = section[:section.index("</section>")]
+    assert "HARD_FAIL" in body and ">sync<" in body.replace(" ", "") and "Not run" not in body
     html = render(summary, tmp_path / "r2" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
                   {}, None, tmp_path / "missing.md").read_text()
     assert "Not run for this report" in html and "python -m resilience.bench.chaos" in html
