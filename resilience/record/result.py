@@ -182,7 +182,9 @@ def summarize(r: dict[str, Any]) -> str:
                      + (" (modified)" if p.get("git_dirty") else "") + f"; torch {p['torch']}, Python {p['python']}")
     validity = r.get("validity") or {}
     if validity.get("verdict") == "noisy":  # timings above are not the technique's alone
-        lines.append(f"  NOISY measurement: {'; '.join(validity['reasons'])} (thresholds: validity.*)")
+        reasons = validity["reasons"]  # over the run first, then each window: the first three, and how many more
+        more = f"; and {len(reasons) - 3} more (result.json validity.reasons)" if len(reasons) > 3 else ""
+        lines.append(f"  NOISY measurement: {'; '.join(reasons[:3])}{more} (thresholds: validity.*)")
     return "\n".join(lines)
 
 

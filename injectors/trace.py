@@ -1,0 +1,97 @@
+"""A failure trace: failures at seeded arrivals with a mean of ``mtbf_steps`` steps between them (a compressed
+MTBF), each of a kind drawn from a published mix, for the projection to be checked against a measured run
+(``python -m resilience.bench.trace``; docs/projection.md, "The failure trace").
+
+The mix is the Llama 3 405B 54-day table (Dubey et al., 2024, Table 5) as the projection maps it to recovery
+kinds (docs/projection.md, "Data and calibration": 315 node replacements, 91 restarts, 7 hangs, 6 silent data
+corruptions), restricted to the crash kinds, which recover by a restart whatever the technique: a node
+replacement is ``fault=node_loss`` (the node's ranks and what its memory held for recovery), a restart
+``fault=kill`` (one rank's process). Hangs and corruptions (13 of 419) need a detector's timeout or a rollback of
+their own and are left out of the trace (say so where it is used). The plan is drawn once, from ``seed``, the same
+on every rank; each failure fires once, in whichever attempt reaches its step (as a listed ``fault.at_step``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from injectors.base import Injector
+from injectors.kill import Kill
+from injectors.node_loss import NodeLoss
+from resilience.settings.checks import require_int, require_number
+from resilience.workloads.base import stream_seed
+
+# Table 5 of the Llama 3 report, as the projection maps it (the crash kinds): the kind's weight and its fault.
+MIXES = {"llama3": {"node_loss": 315, "kill": 91}}
+
+
+class Trace(Injector):
+    """Failures at seeded exponential arrivals from ``at_step`` on, kinds drawn from ``mix``; a ``Kill`` and a
+    ``NodeLoss`` with listed steps do the work."""
+
+    def __init__(self, mtbf_steps: float = 40.0, mix: str = "llama3", ranks_per_node: int = 1,
+                 **trigger: Any) -> None:
+        super().__init__(**trigger)
+        self.mtbf_steps = require_number("fault.mtbf_steps", mtbf_steps, above=0)
+        if mix not in MIXES:
+            raise ValueError(f"fault.mix={mix}: must be one of {', '.join(MIXES)}")
+        self.mix, self.ranks_per_node = mix, require_int("ranks_per_node", ranks_per_node, 1)
+        self.parts: list[Injector] = []
+        self.kinds: dict[int, str] = {}  # step -> the fault's kind
+
+    def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
+        super().validate(world_size, steps, ckpt_every)
+        self.kinds = draw(self.mix, self.mtbf_steps, self.seed, self.at_step, steps)
+        self.plan = sorted(self.kinds)
+        self.parts = []
+        for kind, cls in (("kill", Kill), ("node_loss", NodeLoss)):
+            listed = [s for s in self.plan if self.kinds[s] == kind]
+            if listed:
+                extra = {"ranks_per_node": self.ranks_per_node} if kind == "node_loss" else {}
+                part = cls(rank=self.rank, at_step=listed, phase=self.phase, seed=self.seed, **extra)
+                part.validate(world_size, steps, ckpt_every)
+                self.parts.append(part)
+
+    def targets(self) -> set[int]:
+        return set().union(*(p.targets() for p in self.parts)) if self.parts else {self.rank}
+
+    def attach(self, rt) -> None:
+        self.rt = rt
+        for p in self.parts:
+            p.attach(rt)
+
+    def arm(self, state) -> None:
+        for p in self.parts:
+            p.arm(state)
+
+    def cleanup(self) -> None:
+        for p in self.parts:
+            p.cleanup()
+
+    def __call__(self, phase: str, step: int) -> None:
+        for p in self.parts:
+            p(phase, step)
+
+    def _plan_detail(self, step: int) -> dict[str, Any]:  # the parts record their own firings
+        raise AssertionError("a trace's failures are recorded by its parts")
+
+    def _act(self, step: int) -> None:
+        raise AssertionError("a trace's failures are acted by its parts")
+
+
+def draw(mix: str, mtbf_steps: float, seed: int, first: int, steps: int) -> dict[int, str]:
+    """The trace: step -> kind, arrivals at exponential gaps of mean ``mtbf_steps`` from ``first`` (a failure
+    rounded onto a step that already has one is dropped), each kind drawn by the mix's weights. A pure function of
+    its arguments (a private generator), for the bench to predict from before the run."""
+    rng = random.Random(stream_seed(seed, "trace", "plan"))
+    kinds, weights = zip(*MIXES[mix].items())
+    out: dict[int, str] = {}
+    t = float(first)
+    while True:
+        t += rng.expovariate(1.0 / mtbf_steps)
+        step = int(round(t))
+        if step >= steps:
+            return out
+        kind = rng.choices(kinds, weights)[0]
+        out.setdefault(step, kind)
