@@ -233,8 +233,8 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 COVERS = ("Each interval is an exact 95% interval of a median over the timed runs of this pipeline run (ok, not "
-          "noisy; repeats of one seed on one host, one after another): it covers the spread between those runs, "
-          "not between days or machines. A technique leads only where its interval and the next one's do not "
+          "noisy, noisy ones run again by make run; the matrix's repeats and seeds, on one host, one after "
+          "another): it covers the spread between those runs and seeds, not between days or machines. A technique leads only where its interval and the next one's do not "
           "overlap; the rank test (Mann-Whitney, by permutation) is shown beside it, and a small p with "
           "overlapping intervals is not called. Techniques with fewer than 6 timed runs have no 95% interval "
           "and are not compared.")
