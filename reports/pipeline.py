@@ -55,7 +55,7 @@ def results_summary(decision_csv: Path) -> str:
         return ""
     if rows.empty or not {"workload", "asks", "leader", "runner_up", "called", "ratio"} <= set(rows.columns):
         return ""  # none, or a report of an older layout
-    lines = [f"results (the report's \"What to choose\"; each call needs the 95% intervals apart):"]
+    lines = ["results (the report's \"What to choose\"; each call needs the 95% intervals apart):"]
     for r in rows.itertuples():
         said = (f"{r.leader} leads {r.runner_up}" if r.called else
                 f"no difference shown between {r.leader} and {r.runner_up}")

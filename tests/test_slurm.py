@@ -91,10 +91,9 @@ def selected(config: pytest.Config) -> bool:
     return re.search(r"(?<!not )\bslurm\b", config.getoption("markexpr") or "") is not None
 
 
-@pytest.mark.slow
-@pytest.mark.slurm
-@pytest.mark.timeout(2000)
-def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_path, monkeypatch):
+def needs_the_local_cluster(request) -> None:
+    """Skip, saying why, unless the packages are there, the test was selected (minutes of a real cluster) and we
+    are root (slurmctld and slurmd run as root)."""
     if missing := missing_tools():
         pytest.skip(f"SLURM packages not installed ({' '.join(missing)} missing): apt-get install {PACKAGES}, "
                     "or make test-slurm")
@@ -102,6 +101,13 @@ def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_p
         pytest.skip("a real SLURM cluster, minutes end to end: runs when selected (pytest -m slurm; make test-slurm)")
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster runs slurmctld and slurmd as root")
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(2000)
+def test_smoke_matrix_through_the_slurm_profile_on_a_real_cluster(request, tmp_path, monkeypatch):
+    needs_the_local_cluster(request)
     if not PLUGIN:
         pytest.skip("snakemake-executor-plugin-slurm is not installed: pip install -e '.[slurm]' (make test-slurm)")
     # Not tmp_path: pytest's is private to root, and munged and mariadbd run as their own users.
@@ -180,13 +186,7 @@ RESUMED = ("strategy=sync", "fault=none", "workload=gpt_tiny", "world_size=2", "
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
 def test_a_job_cancelled_with_scancel_is_resumed_by_a_dependent_job_bit_exact(request, tmp_path):
-    if missing := missing_tools():
-        pytest.skip(f"SLURM packages not installed ({' '.join(missing)} missing): apt-get install {PACKAGES}, "
-                    "or make test-slurm")
-    if not selected(request.config):
-        pytest.skip("a real SLURM cluster: runs when selected (pytest -m slurm; make test-slurm)")
-    if os.geteuid() != 0:
-        pytest.skip("the local SLURM cluster runs slurmctld and slurmd as root")
+    needs_the_local_cluster(request)
     from conftest import run_experiment
     from resilience.record.events import read_events
 
