@@ -178,9 +178,11 @@ rule report:
     params:
         matrix=MATRIX.source,
         chaos=PIPELINE.chaos,  # ckpt-chaos's table, when python -m resilience.bench.chaos has written it
+        trace=PIPELINE.trace,  # the projection against a failure trace, when make trace has written it
     shell:
         "python -m reports {input.summary:q} --matrix {params.matrix:q} --limits {input.limits:q} "
         "--environment {input.environment:q} --projection {input.projection:q} --chaos {params.chaos:q} "
+        "--trace {params.trace:q} "
         "--out {output.html:q} > {log:q} 2>&1"
 
 

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--projection", type=Path, help="projection_status.json of python -m reports.project")
     parser.add_argument("--chaos", type=Path, help="chaos.md of python -m resilience.bench.chaos (absent: the "
                                                    "section says how to run it)")
+    parser.add_argument("--trace", type=Path, help="trace.md of make trace (absent: the section says how to run it)")
     args = parser.parse_args(argv)
     info = {"name": args.matrix or "unknown", "source": args.matrix or "-", "description": ""}
     summary = pd.read_csv(args.summary) if args.summary.stat().st_size > 1 else pd.DataFrame()
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         info = {"name": m.name, "source": m.source, "description": m.description}
         summary = with_matrix_cells(summary, m)  # counted against what the matrix asks for, not what ran
     limits = _json(args.limits) or {"probed": False, "reason": "no limits file"}
-    out = render(summary, args.out, info, limits, _json(args.environment), args.projection, args.chaos)
+    out = render(summary, args.out, info, limits, _json(args.environment), args.projection, args.chaos, args.trace)
     print(f"report: {out}", flush=True)
     return 0
 

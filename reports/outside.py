@@ -1,6 +1,8 @@
-"""Checks the pipeline does not run itself but the report shows: the crash-consistency table of ckpt-chaos (an
-independent tool: ``python -m resilience.bench.chaos`` writes ``results/chaos/chaos.md``; docs/resume.md). Read as
-the bench wrote it, with the file's time; where it has not been run, the section says how to run it.
+"""Checks the pipeline does not run itself but the report shows, each a table a bench wrote, read as written with
+the file's time (where it has not been run, the section says how to run it): the crash-consistency table of
+ckpt-chaos (an independent tool: ``python -m resilience.bench.chaos`` writes ``results/chaos/chaos.md``;
+docs/resume.md) and the projection against a measured failure trace (``make trace`` writes
+``results/trace/trace.md``; docs/projection.md).
 """
 
 from __future__ import annotations
@@ -29,12 +31,26 @@ def markdown_table(text: str) -> pd.DataFrame:
     return pd.DataFrame([(r + [""] * width)[:width] for r in rows[1:]], columns=rows[0])
 
 
+TRACE_TITLE = "The projection against a measured failure trace (model output beside a measurement)"
+TRACE_HOW = ("make trace (python -m resilience.bench.trace): each compared technique trains under a seeded failure "
+             "trace; the projection's closed form and the step clock over the schedule, with costs fitted on other "
+             "runs, beside what it measured; docs/projection.md, \"The failure trace\"")
+
+
 def chaos_section(path: Path | None) -> Markup:
+    return _bench_section("chaos", CHAOS_TITLE, CHAOS_HOW, path)
+
+
+def trace_section(path: Path | None) -> Markup:
+    return _bench_section("trace", TRACE_TITLE, TRACE_HOW, path)
+
+
+def _bench_section(anchor: str, title: str, how: str, path: Path | None) -> Markup:
     frame = markdown_table(path.read_text()) if path and path.is_file() else pd.DataFrame()
     if frame.empty:
-        body = f"<p>Not run for this report. To run it: <code>{esc(CHAOS_HOW)}</code>.</p>"
+        body = f"<p>Not run for this report. To run it: <code>{esc(how)}</code>.</p>"
     else:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(path.stat().st_mtime))
-        body = (f"<p>{esc(path)} (written {when}); {esc(CHAOS_HOW)}.</p>"
+        body = (f"<p>{esc(path)} (written {when}); {esc(how)}.</p>"
                 + str(table(frame, [(c, c) for c in frame.columns], text=list(frame.columns))))
-    return section("chaos", CHAOS_TITLE, body)
+    return section(anchor, title, body)

@@ -36,6 +36,7 @@ class PipelineConfig:
     tokens: str  # the real loop's token file (train.data=loader), built once by rule tokens
     scenario: str  # the projection's cluster: a conf/scenario/ name or a YAML's absolute path
     chaos: str  # ckpt-chaos's table for the report (python -m resilience.bench.chaos; --config chaos=PATH)
+    trace: str  # the failure trace's table for the report (make trace; --config trace=PATH)
 
 
 @contextmanager
@@ -91,4 +92,6 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     # of train.loader.dir), built by rule tokens before any cell (a cell would build it itself, each one at once).
     data = os.environ.setdefault("RB_DATA_DIR", str(Path("data").resolve()))
     chaos = str(config.get("chaos", "results/chaos/chaos.md"))
-    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin", scenario, chaos)
+    trace = str(config.get("trace", "results/trace/trace.md"))
+    return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin", scenario, chaos,
+                          trace)

@@ -36,7 +36,8 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits: dict[str, Any],
-           environment: dict[str, Any], projection_status: Path | None, chaos: Path | None = None) -> Path:
+           environment: dict[str, Any], projection_status: Path | None, chaos: Path | None = None,
+           trace: Path | None = None) -> Path:
     """Write the report into ``out_html``'s folder; returns ``out_html``."""
     out = out_html.parent
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     saved = timed[(tables.col(timed, "ckpt_bytes") > 0) & tables.col(timed, "ckpt_stall_s").notna()]
     measured = saved["strategy"].value_counts().to_dict() if "strategy" in saved else {}
     parts += [outside.chaos_section(chaos), _environment(summary, limits, environment, out), _methods(),
-              _projection(projection_status, measured)]
+              _projection(projection_status, measured), outside.trace_section(trace)]
     atomic_write_bytes(out_html, page(f"resilience-bench report: {matrix['name']}", "".join(parts)).encode())
     return out_html
 
@@ -82,7 +83,7 @@ def _header(summary: pd.DataFrame, matrix: dict[str, str], limits: dict[str, Any
            *[(k, v.title) for k, v in registry.MEASURED.items() if v.applies(summary)],
            ("chaos", outside.CHAOS_TITLE), ("environment", "Environment, limits and run inventory"),
            ("methods", "Methods"),
-           ("projection", "Projection to cluster scale (model output)")]
+           ("projection", "Projection to cluster scale (model output)"), ("trace", outside.TRACE_TITLE)]
     return render_template("header.html.j2", matrix=matrix, counts=Markup(cell_counts(summary, html=True)),
                            generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                            probe_note=tables.probe_note(limits, summary), toc=toc)

@@ -344,3 +344,4 @@ def test_the_ckpt_chaos_table_is_in_the_report_when_the_bench_wrote_it(summary, 
     html = render(summary, tmp_path / "r2" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
                   {}, None, tmp_path / "missing.md").read_text()
     assert "Not run for this report" in html and "python -m resilience.bench.chaos" in html
+    assert 'id="trace"' in html and "make trace" in html  # the failure trace's section, not run either
