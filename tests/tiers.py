@@ -58,7 +58,7 @@ LONG: dict[str, str] = {
     "tests/test_preempt.py::test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing[no-save]":
         "CI keeps the save on notice, and a job killed and resumed (tests/test_job_resume.py)",
     "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]": "CI keeps sync's resume",
-    "tests/test_trace.py::test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_state":
+    "tests/test_failure_trace.py::test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_state":
         "CI keeps the kills and node losses it is made of (tests/test_recovery.py, tests/test_inmemory.py)",
     "tests/test_pipeline.py::test_a_kill_during_a_save_cell_leaves_no_shared_memory_behind[nvrx_async]":
         "CI keeps dcp_async_process's, the other library that hands tensors to workers through /dev/shm",
