@@ -45,10 +45,10 @@ class Trace(Injector):
         self.kinds = draw(self.mix, self.mtbf_steps, self.seed, self.at_step, steps)
         self.plan = sorted(self.kinds)
         self.parts = []
-        for kind, cls in (("kill", Kill), ("node_loss", NodeLoss)):
-            listed = [s for s in self.plan if self.kinds[s] == kind]
+        for fault, cls in (("kill", Kill), ("node_loss", NodeLoss)):
+            listed = [s for s in self.plan if self.kinds[s] == fault]
             if listed:
-                extra = {"ranks_per_node": self.ranks_per_node} if kind == "node_loss" else {}
+                extra = {"ranks_per_node": self.ranks_per_node} if cls is NodeLoss else {}
                 part = cls(rank=self.rank, at_step=listed, phase=self.phase, seed=self.seed, **extra)
                 part.validate(world_size, steps, ckpt_every)
                 self.parts.append(part)
