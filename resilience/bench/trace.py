@@ -38,7 +38,7 @@ from injectors.trace import draw
 from resilience.bench import lineup
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
-from resilience.projection.run_model import RunCosts, measure, predicted_wall_s
+from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s
 from resilience.record.fsio import atomic_write_bytes
 
 EVERY = 5
@@ -78,7 +78,7 @@ def fitted_costs(runs: list[dict], durable: list[float], steps: int) -> tuple[Ru
 def lost_at(step: int, lag_steps: int) -> int:
     """Steps replayed after a failure before step ``step`` + 1: those since the newest checkpoint that was durable
     by then (the newest one while it is still persisting, ``lag_steps`` after it was taken, is not)."""
-    since = step % EVERY
+    since = lost_steps_at(step, EVERY)
     return since + EVERY if since < lag_steps and step >= EVERY else since
 
 
