@@ -35,15 +35,12 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
-import select
-import signal
-import threading
-import time
 from typing import Callable
+
+from resilience.proc.lifeline import outlive_notice
 
 START_METHODS = ("fork", "spawn", "forkserver")
 START_METHOD = "forkserver"  # measured: see the module docstring
-POLL_S = 0.2  # where the kernel has no pidfd
 
 
 def context(start_method: str, dataset_module: str) -> multiprocessing.context.BaseContext:
@@ -61,31 +58,6 @@ def die_with_rank() -> Callable[[int], None]:
 
 
 def _watch(rank_pid: int, worker_id: int) -> None:
-    # A scheduler's SIGTERM (a preemption's notice) reaches every process of the job, these too: the rank decides
-    # what it means (checkpoint.on_notice: save first, which reads no batch but needs the loader's state from its
-    # workers), and they end when it does.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_after, args=(rank_pid,), name=f"die-with-rank-{worker_id}", daemon=True).start()
-
-
-def _exit_after(rank_pid: int) -> None:
-    try:
-        fd = os.pidfd_open(rank_pid)  # readable once the process has ended (a zombie too)
-    except ProcessLookupError:
-        os._exit(0)
-    except (AttributeError, OSError):
-        while _alive(rank_pid):
-            time.sleep(POLL_S)
-    else:
-        select.select([fd], [], [])
-    os._exit(0)  # the rank is gone: nothing is waiting for this worker's batches, and nothing to flush
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    # The rank decides what a preemption's notice means (checkpoint.on_notice: save first, which reads no batch but
+    # needs the loader's state from its workers); they end when it does.
+    outlive_notice(rank_pid, f"die-with-rank-{worker_id}")

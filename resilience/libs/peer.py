@@ -17,18 +17,22 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Sequence
 
+from resilience.record.torch_workarounds import TorchWorkaround
 from resilience.runtime.rank import RankRuntime
 from resilience.workloads.base import Workload
 
 
 @dataclass(frozen=True)
 class Patch:
-    """One workaround: ``applies()`` says whether this host needs it, ``apply()`` installs it (idempotent)."""
+    """One workaround: ``applies()`` says whether this host needs it, ``apply()`` installs it (idempotent).
+    ``internals``: where it reaches into the library's private names, the record that says on which releases it was
+    checked (refused before launch on another, and declared where it acts)."""
 
     name: str
     why: str
     applies: Callable[[], bool]
     apply: Callable[[], None]
+    internals: TorchWorkaround | None = None
 
 
 @dataclass(frozen=True)
@@ -84,16 +88,22 @@ class PeerStrategy:
         self.patches = [p for p in self.known_patches if p.name in chosen]
 
     def check_host(self, workload: Workload, world_size: int, shards: int = 1) -> None:
-        """The library must be importable where the ranks start: one line naming the extra otherwise."""
+        """The library must be importable where the ranks start, and the chosen patches checked on its release: one
+        line otherwise."""
         try:
             self.library.load()
         except ValueError as exc:
             raise ValueError(f"strategy={self.name}: {exc}") from None
+        for patch in self.patches:
+            if patch.internals is not None:
+                patch.internals.check()
 
     def applied_patches(self) -> list[Patch]:
         """Install the chosen patches this host needs; the list is what ``result.json`` declares."""
         applied = [p for p in self.patches if p.applies()]
         for patch in applied:
+            if patch.internals is not None:
+                patch.internals.acted()  # declared by the rank before its event log closes
             patch.apply()
         return applied
 

@@ -8,7 +8,10 @@ Two choices of DCP are settings here, and each combination is its own option (a 
   pinned and shared memory are used only where CUDA is available). With a background stager, the stall lasts
   until staging completes: the next optimizer step would change the tensors being copied.
 - ``executor``: ``thread`` (``dcp.save`` in a thread of the rank) or ``process`` (a checkpoint daemon process per
-  rank with its own process group; it re-imports ``__main__``, which the rank entry point guards).
+  rank with its own process group; it re-imports ``__main__``, which the rank entry point guards). A preemption's
+  SIGTERM reaches the daemon too, which dies of it before a save on the notice is written: the declared workaround
+  ``daemon_outlives_notice`` (``strategy.patches``, ``resilience.libs.worker_notice``) makes it ignore the signal and
+  end with its rank.
 
 The checkpoint is committed (COMMIT.json, as ``sync``) by rank 0 once the upload completes, which is when
 ``ckpt_durable`` is emitted. Same directory layout, commit and load as ``sync``, and the same one-in-flight /
@@ -35,10 +38,27 @@ from resilience.ckpt.checksum import ChecksumFileSystem
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint, hooked_writer
-from resilience.libs.peer import PeerLibrary, PeerStrategy
+from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.libs.worker_notice import start_outliving_notice
+from resilience.record.torch_workarounds import declare
 
 STAGERS = ("blocking", "default")
 EXECUTORS = ("thread", "process")
+
+
+def _daemon_outlives_notice() -> None:
+    from torch.distributed.checkpoint._async_process_executor import _AsyncCheckpointProcess
+
+    start_outliving_notice(_AsyncCheckpointProcess, "_checkpointing_subprocess")
+
+
+# the process executor's only: the thread executor has no process to keep alive
+PATCHES = (Patch(
+    "daemon_outlives_notice", "the checkpoint daemon dies of the job's SIGTERM (a preemption's notice), so a save on "
+    "the notice waits for it until the grace period ends", lambda: True, _daemon_outlives_notice,
+    declare("dcp_daemon_target", "_AsyncCheckpointProcess._checkpointing_subprocess, the daemon's process target, is "
+            "started through one that ignores SIGTERM and ends with its rank (libs/worker_notice.py)", ("2.13.0",),
+            __name__)),)
 
 
 class ChecksumWriter(FileSystemWriter):
@@ -58,6 +78,7 @@ class ChecksumWriter(FileSystemWriter):
 class DcpAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     library = PeerLibrary("torch.distributed.checkpoint", "torch", extra="")
+    known_patches = PATCHES
     # the other executor's daemon process writes without our file-system layer, and has no device mesh
     caps = replace(BackgroundCheckpoint.caps, shards_state=True, when={"executor=process": {
         "writes_through_checkpoint_fs": False, "shards_state": False,
@@ -65,17 +86,19 @@ class DcpAsyncCheckpoint(PeerStrategy, BackgroundCheckpoint):
                            "shards"}})
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0,
-                 stager: str = "blocking", executor: str = "thread") -> None:
+                 stager: str = "blocking", executor: str = "thread", patches: str | list[str] = "all") -> None:
         super().__init__(every, keep, when_busy, timeout_s)
         self.stager_kind = require_choice("strategy.stager", stager, STAGERS)
         self.executor = require_choice("strategy.executor", executor, EXECUTORS)
         self.caps = self.caps.under(executor=self.executor)
-        self.choose_patches("none")
+        self.choose_patches(patches)
+        if self.executor != "process":
+            self.patches = []
         self._stager = None
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
-        self.declare([], stager=self.stager_kind, executor=self.executor)
+        self.declare(self.applied_patches(), stager=self.stager_kind, executor=self.executor)
         if self.stager_kind == "default" and self._stager is None:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 

@@ -6,17 +6,24 @@ queue) writes them with ``torch.save``. ``finalize_async_save(blocking=True, no_
 waits for this rank's worker; a barrier on the strategy's gloo group then lets rank 0 commit (COMMIT.json, the
 files read back once for their CRC32s: the library writes none). Loading reads this rank's file back.
 
-Two workarounds are needed on a CPU-only build (``strategy.patches``; both declared in ``result.json``):
+Four workarounds (``strategy.patches``; each declared in ``result.json`` where it applies), the first two needed
+on a CPU-only build:
 
 - ``cuda_synchronize``: the library calls ``torch.cuda.synchronize()`` unconditionally, which raises without
   CUDA; with no device there is nothing to synchronise, so it becomes a no-op for the library's modules.
 - ``cpu_staging_copy``: the preload is ``tensor.to("cpu", non_blocking=True)``, which *returns the live tensor
   itself* when it is already on the CPU, so the worker would serialise parameters that training goes on
   changing. The patch stages a copy, which is what the preload does for a GPU tensor.
+- ``worker_outlives_notice``: a preemption's SIGTERM reaches the worker too, which dies of it before the rank's
+  save on the notice is written (``resilience.libs.worker_notice``); the worker ignores it and ends with its rank.
+- ``save_by_name``: the library hands ``torch.save`` to its worker through a queue, as the rank sees it at the
+  saver's construction; where a tool has wrapped it (ckpt-chaos arms the rank's ``torch.save`` with a local
+  function) it cannot be pickled. The request names ``torch_save`` instead, which calls the worker's own.
 """
 
 from __future__ import annotations
 
+import pickle
 from concurrent.futures import Future
 from dataclasses import replace
 
@@ -27,6 +34,8 @@ from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState, map_tensors
 from resilience.strategies.background import BackgroundCheckpoint
 from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.libs.worker_notice import spawning_outliving_notice, start_outliving_notice
+from resilience.record.torch_workarounds import declare
 
 _ASYNC = "nvidia_resiliency_ext.checkpointing.async_ckpt"
 
@@ -41,23 +50,30 @@ def _module(name: str):
     return importlib.import_module(f"{_ASYNC}.{name}")
 
 
-def _skip_cuda_synchronize() -> None:
-    """Replace ``torch`` in the library's modules by a view whose ``cuda.synchronize`` does nothing."""
-    for name in ("torch_ckpt", "core"):
-        module = _module(name)
-        if not isinstance(module.torch, _TorchWithoutCudaSync):
-            module.torch = _TorchWithoutCudaSync(module.torch)
+def _view(module) -> _TorchView:
+    """The library module's ``torch``, as a view in which the patches replace what they need."""
+    if not isinstance(module.torch, _TorchView):
+        module.torch = _TorchView(module.torch)
+    return module.torch
 
 
-class _TorchWithoutCudaSync:
-    """``torch`` for the library's modules, but ``torch.cuda.synchronize`` is a no-op (there is no device)."""
+class _TorchView:
+    """``torch`` for the library's modules, with some of its attributes replaced."""
 
     def __init__(self, torch_module) -> None:
         self._torch = torch_module
-        self.cuda = _CudaWithoutSync(torch_module.cuda)
+        self.replaced: dict[str, object] = {}
 
     def __getattr__(self, name: str):
-        return getattr(self._torch, name)
+        replaced = self.__dict__["replaced"]
+        return replaced[name] if name in replaced else getattr(self._torch, name)
+
+
+def _skip_cuda_synchronize() -> None:
+    """``torch.cuda.synchronize`` does nothing in the library's modules (there is no device)."""
+    for name in ("torch_ckpt", "core"):
+        view = _view(_module(name))
+        view.replaced["cuda"] = _CudaWithoutSync(view._torch.cuda)
 
 
 class _CudaWithoutSync:
@@ -69,6 +85,23 @@ class _CudaWithoutSync:
 
     def __getattr__(self, name: str):
         return getattr(self._cuda, name)
+
+
+def torch_save(obj, f, *args, **kwargs) -> None:
+    """``torch.save`` looked up where it runs (the library's worker), so that the request can name it."""
+    torch.save(obj, f, *args, **kwargs)
+
+
+def _pickles(fn) -> bool:
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def _save_by_name() -> None:
+    _view(_module("torch_ckpt")).replaced["save"] = torch_save
 
 
 def _stage_cpu_copies() -> None:
@@ -86,11 +119,41 @@ def _stage_cpu_copies() -> None:
     torch_ckpt.preload_tensors = preload_tensors
 
 
+def _worker_outlives_notice() -> None:
+    start_outliving_notice(_module("core").PersistentAsyncCaller, "async_loop")
+    # nvrx_async_dcp's writes report through a queue of a manager process, which the rank spawns at its first save
+    writer = _module("filesystem_async")
+    shipped = writer._get_write_results_queue
+    if getattr(shipped, "outlives_notice", False):
+        return
+
+    def results_queue():
+        with spawning_outliving_notice():
+            return shipped()
+
+    results_queue.outlives_notice = True
+    writer._get_write_results_queue = results_queue
+
+
+# nvrx_async_dcp's worker is the same persistent caller: it shares this patch
+WORKER_OUTLIVES_NOTICE = Patch(
+    "worker_outlives_notice", "the persistent worker dies of the job's SIGTERM (a preemption's notice), so a save "
+    "on the notice waits for it until the grace period ends; with its rank SIGKILLed it waits on its queue forever",
+    lambda: True, _worker_outlives_notice,
+    declare("nvrx_worker_target", "PersistentAsyncCaller.async_loop, the worker's process target, and "
+            "filesystem_async._get_write_results_queue, which spawns the writes' result-queue manager, start their "
+            "processes ignoring SIGTERM and ending with their rank (libs/worker_notice.py)", ("0.4.1",), __name__,
+            package="nvidia-resiliency-ext"))
 PATCHES = (
     Patch("cuda_synchronize", "torch.cuda.synchronize() is called unconditionally and raises without CUDA",
           _no_cuda, _skip_cuda_synchronize),
     Patch("cpu_staging_copy", "the preload returns live CPU tensors, not a staged copy: the worker would save "
           "parameters that training keeps changing", _no_cuda, _stage_cpu_copies),
+    WORKER_OUTLIVES_NOTICE,
+    # only where torch.save was replaced by a wrapper that cannot be pickled (ckpt-chaos's, docs/resume.md)
+    Patch("save_by_name", "the request hands the worker torch.save as the rank sees it, through a queue: a wrapped "
+          "torch.save (a crash tester's) cannot be pickled and the first save fails", lambda: not _pickles(torch.save),
+          _save_by_name),
 )
 
 

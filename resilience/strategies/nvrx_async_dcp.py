@@ -38,7 +38,7 @@ import torch.distributed as dist
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint
-from resilience.strategies.nvrx_async import NvrxAsyncCheckpoint
+from resilience.strategies.nvrx_async import WORKER_OUTLIVES_NOTICE, NvrxAsyncCheckpoint
 from resilience.libs.peer import Patch, PeerStrategy
 from resilience.strategies.sync import WRITE_THREADS
 
@@ -71,6 +71,7 @@ PATCHES = (
     Patch("cpu_staging_copy", "the preload returns the live CPU tensors (moved into shared memory by the queue), "
           "not a staged copy: the worker would save parameters that training keeps changing", _no_cuda,
           _in_each_request),
+    WORKER_OUTLIVES_NOTICE,
 )
 
 

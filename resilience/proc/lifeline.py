@@ -1,0 +1,46 @@
+"""A helper process of a rank (a loader worker, a library's checkpoint worker) that lives exactly as long as it.
+
+A scheduler's SIGTERM (a preemption's notice) reaches every process of the job. The rank decides what it means
+(``checkpoint.on_notice``: save first, which may need its helpers), so a helper ignores it and ends when its rank
+does: a thread waits on the rank's pidfd (readable once the process has ended, a zombie too) and exits the process.
+Without the watch a helper whose parent was SIGKILLed can wait on a queue forever (NVRx's persistent worker did).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+
+POLL_S = 0.2  # where the kernel has no pidfd
+
+
+def outlive_notice(rank_pid: int, name: str) -> None:
+    """In the helper: ignore SIGTERM, and exit as soon as ``rank_pid`` has ended."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(target=_exit_after, args=(rank_pid,), name=name, daemon=True).start()
+
+
+def _exit_after(rank_pid: int) -> None:
+    try:
+        fd = os.pidfd_open(rank_pid)
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):
+        while _alive(rank_pid):
+            time.sleep(POLL_S)
+    else:
+        select.select([fd], [], [])
+    os._exit(0)  # the rank is gone: nothing is waiting for this helper's work, and nothing to flush
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
