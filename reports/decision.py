@@ -15,7 +15,7 @@ from itertools import combinations
 
 import pandas as pd
 
-from reports import stats, tables
+from reports import at_scale, stats, tables
 
 BASELINE = "none"  # the step-time question's reference: training with no checkpoint code
 
@@ -240,9 +240,20 @@ COVERS = ("Each interval is an exact 95% interval of a median over the timed run
           "and are not compared.")
 
 
-def html(frame: pd.DataFrame) -> tuple[str, pd.DataFrame]:
-    """The section's body and its CSV."""
+def local_leader(parts: dict[str, Workload]) -> str | None:
+    """The technique called first on an ETTR question on this machine, if one is."""
+    for part in parts.values():
+        for a in part.answers:
+            if a.question.key.startswith("ettr[") and len(a.names) > 1 and a.called(a.names[0], a.names[1]) == \
+                    "better":
+                return a.names[0]
+    return None
+
+
+def html(frame: pd.DataFrame, projection: pd.DataFrame | None = None) -> tuple[str, pd.DataFrame]:
+    """The section's body and its CSV; ``projection`` (its summary) adds what changes at the scenario's scale."""
     from reports.html import render_template
 
     parts = section_data(frame)
-    return render_template("decision.html.j2", workloads=parts, covers=COVERS), table(frame)
+    scale = at_scale.sentences(projection, local_leader(parts))
+    return render_template("decision.html.j2", workloads=parts, covers=COVERS, at_scale=scale), table(frame)

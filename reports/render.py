@@ -41,7 +41,8 @@ def render(summary: pd.DataFrame, out_html: Path, matrix: dict[str, str], limits
     """Write the report into ``out_html``'s folder; returns ``out_html``."""
     out = out_html.parent
     out.mkdir(parents=True, exist_ok=True)
-    parts = [_header(summary, matrix, limits), _decision(summary, out), _headline(summary, limits, out),
+    parts = [_header(summary, matrix, limits), _decision(summary, out, projection_status),
+             _headline(summary, limits, out),
              _job_state(summary, out)]
     for name, spec in registry.MEASURED.items():
         fig, data = spec.drawing()(summary)
@@ -121,10 +122,19 @@ INTERVAL_RULE = stats.INTERVAL_RULE  # the interval rule in words, kept beside i
 DECISION_TITLE = "What to choose"
 
 
-def _decision(summary: pd.DataFrame, out: Path) -> Markup:
-    body, data = decision.html(summary)
+def _decision(summary: pd.DataFrame, out: Path, projection_status: Path | None = None) -> Markup:
+    body, data = decision.html(summary, _projection_summary(projection_status))
     write_csv(data, out / "decision.csv")
     return section("decision", DECISION_TITLE, body)
+
+
+def _projection_summary(status_path: Path | None) -> pd.DataFrame | None:
+    """The projection's per-technique summary, where it ran and ended ok."""
+    status = json.loads(status_path.read_text()) if status_path and status_path.exists() else None
+    path = status_path.parent / "projection_summary.csv" if status_path else None
+    return pd.read_csv(path) if status and status.get("ok") and path.exists() else None
+
+
 JOB_STATE_TITLE = "What each technique restores"
 
 

@@ -57,9 +57,24 @@ def test_the_predictions_lose_the_steps_since_the_newest_durable_checkpoint():
     costs = RunCosts(steps=100, every=5, step_s=0.09, step_wall_s=0.1, stall_s=0.05, startup_s=5.0,
                      teardown_s=1.0, recovery_s=3.0)
     plan = [12, 21]  # 2 and 1 steps after a checkpoint
-    sync = bench.predict(costs, 0.05, plan)["schedule"]
-    assert sync["lost_steps"] == 3  # durable at once
-    lagging = bench.predict(costs, 0.35, plan)["schedule"]  # 3 steps of persisting after the stall
+    sync = bench.predict(costs, [-0.005, 0.0], plan)["schedule"]
+    assert sync["lost_steps"] == 3  # durable before training went on
+    lagging = bench.predict(costs, [0.35], plan)["schedule"]  # 3.5 steps of persisting after the stall
     assert lagging["lost_steps"] == 3 + 2 * 5  # both struck before their newest checkpoint was durable
-    closed = bench.predict(costs, 0.05, plan)["closed form"]
+    # lags of 2 and 3 steps after the stall: the one struck 1 step after its checkpoint loses that interval too
+    # whichever lag it met, the one 2 steps after it in half of them
+    mixed = bench.predict(costs, [0.2, 0.3], plan)["schedule"]
+    assert mixed["lost_steps"] == pytest.approx(3 + 5 + 0.5 * 5)
+    closed = bench.predict(costs, [0.0], plan)["closed form"]
     assert closed["lost_steps"] == pytest.approx(2 * 2.0) and 0 < closed["ettr"] < 0.9
+    closed = bench.predict(costs, [0.2], plan)["closed form"]  # a 2-step lag: 2 steps more per failure
+    assert closed["lost_steps"] == pytest.approx(2 * 4.0)
+
+
+def test_step_costs_are_fitted_on_the_fault_free_runs_and_r_on_the_recoveries():
+    def fit_run(step_wall_s, faults, recoveries):
+        return {"step_s": step_wall_s, "step_wall_s": step_wall_s, "stall_s": 0.1, "startup_s": 5.0,
+                "teardown_s": 1.0, "faults": faults, "recoveries_s": recoveries}
+
+    costs, lags = bench.fitted_costs([fit_run(0.06, 0, []), fit_run(0.09, 3, [2.0, 3.0, 4.0])], [], 100)
+    assert costs.step_wall_s == 0.06 and costs.recovery_s == 3.0 and lags == [0.0]

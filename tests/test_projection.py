@@ -337,3 +337,15 @@ def test_noisy_and_failed_runs_are_never_fitted() -> None:
     spoiled.loc[1, "ckpt_stall_s"], spoiled.loc[1, "state"] = 100.0, "failed"
     fitted, clean = fit_strategies(spoiled, _defaults())["async"], fit_strategies(frame.drop([0, 1]), _defaults())
     assert fitted.stall == clean["async"].stall
+
+
+def test_the_winner_map_is_checked_by_the_monte_carlo_in_every_cell() -> None:
+    _, scn, _ = load(composed("scenario=llama3_405b"), REPO)
+    grid = winner_grid(scn, (1024, 65_536), (0.3, 30.0), trials=60, seed=3)
+    for _, cell in grid.groupby(["gpus", "ckpt_TB"]):
+        assert cell["winner_monte_carlo"].sum() == 1 and cell["winner"].sum() == 1
+        feasible = cell[cell["feasible"]]
+        # the simulation of each strategy lands on its closed form's expectation
+        gap = (feasible["goodput_monte_carlo"] - feasible["goodput"]).abs()
+        assert (gap < 4 * feasible["goodput_monte_carlo_ci95"] + 0.01).all(), cell
+    assert "winner_monte_carlo" not in winner_grid(scn, (1024,), (1.0,))  # trials=0: the closed form alone

@@ -126,15 +126,19 @@ def chaos(strategy: str, work: Path, modes: str, max_points: int, overrides: lis
     rows = [r for r in rejudge(work / "runs") if not r.label.startswith("no crash")]
     counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
     failed = [f"{r.label}: {r.verdict} ({r.outcome})" for r in rows if r.verdict != "PASS"]
-    return {"exit": code, "points": len(rows), "counts": counts, "failed": failed, "processes_left": left,
+    modes = [r.label.rsplit("[", 1)[-1].split("]")[0] for r in rows]  # "#12 open:x.distcp [torn]"
+    per_mode = {m: modes.count(m) for m in dict.fromkeys(modes)}
+    return {"exit": code, "points": len(rows), "per_mode": per_mode, "counts": counts, "failed": failed,
+            "processes_left": left,
             "command": shlex.join(cmd), "log": str(work)}
 
 
 def table(found: dict[str, dict], modes: str) -> str:
-    lines = [f"| strategy | crash points ({modes}) | " + " | ".join(VERDICTS) + " | ckpt-chaos exit | processes left |",
-             "|---|---|" + "---|" * len(VERDICTS) + "---|---|"]
+    lines = [f"| strategy | crash points ({modes}) | per mode | " + " | ".join(VERDICTS)
+             + " | ckpt-chaos exit | processes left |", "|---|---|---|" + "---|" * len(VERDICTS) + "---|---|"]
     for s, r in found.items():
-        lines.append(f"| {s} | {r['points']} | " + " | ".join(str(r["counts"][v]) for v in VERDICTS)
+        per_mode = ", ".join(f"{m} {n}" for m, n in r.get("per_mode", {}).items()) or "-"
+        lines.append(f"| {s} | {r['points']} | {per_mode} | " + " | ".join(str(r["counts"][v]) for v in VERDICTS)
                      + f" | {r['exit']} | {len(r['processes_left'])} |")
     return "\n".join(lines)
 

@@ -38,7 +38,8 @@ from injectors.trace import draw
 from resilience.bench import lineup
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
-from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s
+from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s, step_start
+from resilience.record.events import read_events
 from resilience.record.fsio import atomic_write_bytes
 
 EVERY = 5
@@ -60,39 +61,84 @@ def fit_runs(strategy: str) -> dict[str, list[str]]:
                       f"fault.count={FIT_STEPS}", "fault.seed=13"]}
 
 
-def fitted_costs(runs: list[dict], durable: list[float], steps: int) -> tuple[RunCosts, float]:
-    """The costs pooled over the fit runs (means; R over every recovery), and the lag L (median time to durable)."""
+def fitted_costs(runs: list[dict], lags: list[float], steps: int) -> tuple[RunCosts, list[float]]:
+    """The costs: a step's and a checkpoint's from the fault-free fit runs (a restarted rank's first steps run cold:
+    pooled in, they put sync's t_w 13% over the trace run's steady steps), R over every recovery of the others;
+    and every measured lag (a checkpoint's stall end until it can be recovered from), kept as a distribution."""
+    steady = [m for m in runs if not m["faults"]] or runs
     recoveries = [r for m in runs for r in m["recoveries_s"]]
     if not recoveries:
         raise RuntimeError("the fit runs hold no recovery: R cannot be fitted")
-    costs = RunCosts(steps=steps, every=EVERY, step_s=float(np.mean([m["step_s"] for m in runs])),
-                     step_wall_s=float(np.mean([m["step_wall_s"] for m in runs])),
+    costs = RunCosts(steps=steps, every=EVERY, step_s=float(np.mean([m["step_s"] for m in steady])),
+                     step_wall_s=float(np.mean([m["step_wall_s"] for m in steady])),
                      # an asynchronous save's gap can come out a hair below a plain step's: noise, not a gain
-                     stall_s=max(0.0, float(np.mean([m["stall_s"] for m in runs]))),
+                     stall_s=max(0.0, float(np.mean([m["stall_s"] for m in steady]))),
                      startup_s=float(np.mean([m["startup_s"] for m in runs])),
                      teardown_s=float(np.mean([m["teardown_s"] for m in runs])),
                      recovery_s=float(np.mean(recoveries)))
-    return costs, float(np.median(durable)) if durable else costs.stall_s
+    return costs, lags or [0.0]
 
 
-def lost_at(step: int, lag_steps: int) -> int:
-    """Steps replayed after a failure before step ``step`` + 1: those since the newest checkpoint that was durable
-    by then (the newest one while it is still persisting, ``lag_steps`` after it was taken, is not)."""
+# When a checkpoint can be recovered from: in-memory's once each rank's copy is with its peer (its disk copy, every
+# few saves, is not what a kill rolls back to), the others' once durable (rank 0's commit)
+RECOVERABLE = ("ckpt_peer_copied", "ckpt_durable")
+
+
+def lags_after_stall(run_dir: Path) -> list[float]:
+    """Each checkpoint's time from the end of its stall (training goes on) until it can be recovered from, each
+    rank's own (a failure strikes one rank at its own step boundary): at most 0 for a save that is complete before
+    training goes on (sync)."""
+    events = read_events(run_dir)
+    kind = next((k for k in RECOVERABLE if any(e["kind"] == k for e in events)), RECOVERABLE[-1])
+    stall_end = {(e["rank"], e["attempt"], e["step"]): e["t_mono"] for e in events if e["kind"] == "ckpt_stall_end"}
+    return [e["t_mono"] - stall_end[e["rank"], e["attempt"], e["step"]] for e in events
+            if e["kind"] == kind and (e["rank"], e["attempt"], e["step"]) in stall_end]
+
+
+def lag_steps(costs: RunCosts, lags: list[float]) -> np.ndarray:
+    """Each measured lag as the steps trained after the stall before the checkpoint was durable."""
+    return np.maximum(np.asarray(lags), 0.0) / costs.step_wall_s
+
+
+def strike_times(run_dir: Path) -> dict[int, list[float]]:
+    """For d = 0 .. every - 1: when, after a checkpoint's stall ended, the loop reached the start of the d+1-th step
+    after it (where a failure "before step s + 1", d = s mod every steps after it, strikes), each rank's own. Not d
+    plain steps: the steps beside a background save run slower on a shared host."""
+    events = read_events(run_dir)
+    stall_end = {(e["rank"], e["attempt"], e["step"]): e["t_mono"] for e in events if e["kind"] == "ckpt_stall_end"}
+    found: dict[int, list[float]] = {d: [] for d in range(EVERY)}
+    for e in events:
+        if e["kind"] == "step_end":
+            d = (e["step"] - 1) % EVERY  # the step starting after the checkpoint at step - 1 - d
+            end = stall_end.get((e["rank"], e["attempt"], e["step"] - 1 - d))
+            if end is not None:
+                found[d].append(step_start(e) - end)
+    return found
+
+
+def lost_at(step: int, lags: np.ndarray, strikes: dict[int, float]) -> float:
+    """Steps replayed after a failure before step ``step`` + 1, expected over the measured lags: those since the
+    newest checkpoint, and its interval as well when that checkpoint could not yet be recovered from (the share of
+    lags longer than the time after its stall at which such a failure strikes)."""
     since = lost_steps_at(step, EVERY)
-    return since + EVERY if since < lag_steps and step >= EVERY else since
+    if step < EVERY:
+        return float(since)
+    return since + EVERY * float(np.mean(lags > strikes[since]))
 
 
-def predict(costs: RunCosts, lag_s: float, plan: list[int]) -> dict[str, dict[str, float]]:
-    """The two predictions of the module docstring: wall time to N steps, ETTR and steps lost."""
+def predict(costs: RunCosts, lags: list[float], plan: list[int],
+            strikes: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+    """The two predictions of the module docstring: wall time to N steps, ETTR and steps lost. ``strikes``: d ->
+    the time after a stall at which a failure d steps after its checkpoint strikes (default: d plain steps)."""
     k, n, tw = len(plan), costs.steps, costs.step_wall_s
-    lag_steps = math.ceil(max(lag_s - costs.stall_s, 0.0) / tw)  # persisting after the stall, in steps
-    lost = sum(lost_at(s, lag_steps) for s in plan)
+    strikes = strikes or {d: d * tw for d in range(EVERY)}
+    lost = sum(lost_at(s, np.asarray(lags), strikes) for s in plan)
     window = predicted_wall_s(costs, k, lost) - costs.startup_s - costs.teardown_s
     schedule = {"wall_s": window, "ettr": n * costs.step_s / window, "lost_steps": float(lost)}
-    g = closed_form_goodput(costs, lag_s, k)
+    g = closed_form_goodput(costs, costs.stall_s + max(float(np.median(lags)), 0.0), k)  # L: start to durable
     closed = {"wall_s": n * tw / g, "ettr": g * costs.step_s / tw,
               # a failure before step s + 1 loses s mod every steps: (every - 1) / 2 on average, plus the lag
-              "lost_steps": k * ((EVERY - 1) / 2 + max(lag_s - costs.stall_s, 0.0) / tw)}
+              "lost_steps": k * ((EVERY - 1) / 2 + float(np.mean(lag_steps(costs, lags))))}
     return {"closed form": closed, "schedule": schedule}
 
 
@@ -128,16 +174,17 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
               reuse: bool = False) -> list[dict]:
     """Fit, trace, predict: one row per (prediction, measure)."""
     index = f"reference.index={(out / 'references').resolve()}"
-    fitted, durable = [], []
+    fitted, lags, strikes = [], [], {d: [] for d in range(EVERY)}
     for name, settings in fit_runs(strategy).items():
         run_dir = out / strategy / name
         result, code = run(run_dir, [*settings, index, *overrides], reuse)
         if result is None or result["status"] != "ok":
             raise RuntimeError(f"{strategy} fit run {name}: exit {code}, {result and result['status']}")
         fitted.append(measure(run_dir))
-        if result.get("ckpt_durable_s") is not None:
-            durable.append(result["ckpt_durable_s"])
-    costs, lag = fitted_costs(fitted, durable, steps)
+        lags += lags_after_stall(run_dir)
+        for d, times in strike_times(run_dir).items():
+            strikes[d] += times
+    costs, lags = fitted_costs(fitted, lags, steps)
     plan = sorted(draw("llama3", mtbf, seed, 1, steps))
     trace_dir = out / strategy / "trace"
     result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
@@ -147,13 +194,15 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
         raise RuntimeError(f"{strategy} trace run: exit {code}, {result and result['status']}")
     seen = measured_outcome(trace_dir)
     rows = []
-    for how, predicted in predict(costs, lag, plan).items():
+    at = {d: float(np.median(times)) if times else d * costs.step_wall_s for d, times in strikes.items()}
+    for how, predicted in predict(costs, lags, plan, at).items():
         for measure_name, value in predicted.items():
             truth = seen[measure_name]
             rows.append({"strategy": strategy, "prediction": how, "measure": measure_name, "measured": truth,
                          "predicted": value, "error": value / truth - 1 if truth else (0.0 if not value else math.inf),
                          "faults": seen["faults"], "planned": len(plan), "bit_exact": seen["matches"],
-                         "t_w": costs.step_wall_s, "C": costs.stall_s, "L": lag, "R": costs.recovery_s})
+                         "t_w": costs.step_wall_s, "C": costs.stall_s, "L": costs.stall_s + max(float(np.median(lags)), 0.0),
+                         "R": costs.recovery_s})
     return rows
 
 

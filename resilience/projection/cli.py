@@ -113,7 +113,8 @@ def run(cfg: Mapping[str, Any], default_out_dir: Path | None = None, cwd: Path |
         "projection_failure_mix.csv": sweeps.failure_mix(scn),
         "projection_interval_sweep.csv": sweeps.interval_sweep(scn, settings.interval_points),
         "projection_cluster_sweep.csv": sweeps.cluster_sweep(scn, settings.cluster_sizes, band),
-        "projection_winner_grid.csv": sweeps.winner_grid(scn, settings.cluster_sizes, settings.ckpt_sizes_TB, band),
+        "projection_winner_grid.csv": sweeps.winner_grid(scn, settings.cluster_sizes, settings.ckpt_sizes_TB, band,
+                                                         settings.winner_trials, settings.seed + 2000),
     }
     # Markers at the ends and the middle of the size range are enough to show the closed form holds (or not).
     marker_sizes = tuple(sorted({settings.cluster_sizes[0], scn.gpus, settings.cluster_sizes[-1]}))

@@ -89,6 +89,9 @@ def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
     # Where another rate inside the failure band crowns another strategy, the cell says which (and is hatched).
     changes = winners.pivot(index="ckpt_TB", columns="gpus", values="winners_in_band").reindex(
         index=index, columns=columns) if "winners_in_band" in winners else None
+    # The Monte Carlo's own winner where it was run (winner_trials), named in a cell where it differs
+    checked = grid[grid["winner_monte_carlo"]].pivot(index="ckpt_TB", columns="gpus", values="strategy").reindex(
+        index=index, columns=columns) if "winner_monte_carlo" in grid else None
     text = np.empty(codes.shape, dtype=object)
     for i in range(codes.shape[0]):
         for j in range(codes.shape[1]):
@@ -97,6 +100,8 @@ def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
                 f"{name}\n{v:.2f}" + (f"\n(+{d:.2f})" if np.isfinite(d) else "")
             if changes is not None and isinstance(changes.iat[i, j], str) and " / " in changes.iat[i, j]:
                 text[i, j] = changes.iat[i, j].replace(" / ", " ->\n") + f"\n{v:.2f}"
+            if checked is not None and isinstance(checked.iat[i, j], str) and checked.iat[i, j] != name:
+                text[i, j] += f"\nMC: {checked.iat[i, j]}"
     fig, ax = plt.subplots(figsize=(1.1 * len(columns) + 3, 0.75 * len(index) + 2.5))
     colors = ListedColormap(list(_palette(strategies).values()))
     sns.heatmap(numeric, annot=text, fmt="", cmap=colors, vmin=-0.5, vmax=len(strategies) - 0.5, cbar=False,
@@ -108,6 +113,11 @@ def winner_heatmap(grid: pd.DataFrame, title: str) -> Figure:
                     ax.add_patch(plt.Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="black", lw=0))
         title += ("\nhatched: the winner changes inside the failure band (winners from the most failures to the "
                   "fewest;\ncolour and goodput: at the scenario's calibration)")
+    if checked is not None:
+        differ = int(((checked != codes) & checked.notna()).sum().sum())
+        title += (f"\nMonte Carlo check ({int(grid['monte_carlo_trials'].max())} trials per strategy and cell): "
+                  + ("the same winner in every cell" if not differ else f"another winner in {differ} cell(s), "
+                                                                        "named in them (MC: ...)"))
     ax.invert_yaxis()  # small checkpoints at the bottom
     ax.set_xlabel("GPUs")
     ax.set_ylabel("checkpoint size (TB)")

@@ -108,6 +108,13 @@ def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple
         lines += ["", f"Winner map: the winner changes inside the failure band in {len(changed)} of {len(cells)} cells"
                       + "".join(f"\n  {r.gpus:,} GPUs, {r.ckpt_TB:g} TB: {r.winners_in_band}"
                                 for r in changed.head(5).itertuples())]
+        if "winner_monte_carlo" in winners:
+            checked = winners[winners["winner_monte_carlo"]].set_index(["gpus", "ckpt_TB"])
+            named = cells.set_index(["gpus", "ckpt_TB"])["strategy"]
+            same = (checked["strategy"] == named.reindex(checked.index)).sum()
+            lines += [f"Winner map, Monte Carlo check ({int(winners['monte_carlo_trials'].max())} trials per strategy "
+                      f"and cell): the same winner in {same} of {len(checked)} cells, its 95% interval clear of "
+                      f"every other's in {int(checked['monte_carlo_separated'].sum())}"]
     lines += ["", f"Monte Carlo: {len(summary)} strategies x {trials:,} trials x {scn.duration_days:g} days "
                   f"({f.distribution} failures) in {mc_seconds:.2f} s",
               f"Outputs: {outputs}"]

@@ -22,6 +22,7 @@ class Settings:
     seed: int
     bootstrap: bool
     cluster_trials: int
+    winner_trials: int
     interval_points: int
     cluster_sizes: tuple[int, ...]
     ckpt_sizes_TB: tuple[float, ...]
@@ -42,7 +43,7 @@ def build_settings(cfg: Mapping[str, Any]) -> Settings:
     band = cfg["failure_band"]
     require_keys(band, "failure_band", ["figures_csv", "use"])
     mc, sweep, summary = cfg["monte_carlo"], cfg["sweep"], cfg["summary"]
-    require_keys(mc, "monte_carlo", ["trials", "seed", "bootstrap", "cluster_trials"])
+    require_keys(mc, "monte_carlo", ["trials", "seed", "bootstrap", "cluster_trials", "winner_trials"])
     require_keys(sweep, "sweep", ["interval_points", "cluster_sizes", "ckpt_sizes_TB"])
     require_keys(summary, "summary", ["example_stalls_s"])
     out_dir, measured = cfg.get("output_dir"), cfg.get("measured_csv")
@@ -56,6 +57,7 @@ def build_settings(cfg: Mapping[str, Any]) -> Settings:
         seed=as_int(mc["seed"], "monte_carlo.seed", 0),
         bootstrap=as_bool(mc["bootstrap"], "monte_carlo.bootstrap"),
         cluster_trials=as_int(mc["cluster_trials"], "monte_carlo.cluster_trials", 0),
+        winner_trials=as_int(mc["winner_trials"], "monte_carlo.winner_trials", 0),
         interval_points=as_int(sweep["interval_points"], "sweep.interval_points", 10),
         cluster_sizes=tuple(as_int(v, f"sweep.cluster_sizes[{i}]", 1)
                             for i, v in enumerate(_list(sweep["cluster_sizes"], "sweep.cluster_sizes"))),

@@ -14,7 +14,7 @@ from resilience.projection.cost_model import CostsAtScale
 from resilience.projection.goodput import goodput, recovery_survival
 from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
 from resilience.projection.scenario import Scenario
-from resilience.projection.simulator import SimulationResult
+from resilience.projection.simulator import SimulationResult, simulate
 
 LABEL = "projection"
 TB = 1e12
@@ -138,9 +138,13 @@ def _winner(scn: Scenario, gpus: int, ckpt_bytes: float) -> tuple[list[tuple[str
 
 
 def winner_grid(scn: Scenario, sizes: tuple[int, ...], ckpt_sizes_TB: tuple[float, ...],
-                band: FailureBand | None = None) -> pd.DataFrame:
+                band: FailureBand | None = None, trials: int = 0, seed: int = 0) -> pd.DataFrame:
     """Best goodput per strategy over GPU count x checkpoint size; ``winner`` marks the best feasible one, and
-    ``winners_in_band`` the winner at each rate of the failure band, from the most failures to the fewest."""
+    ``winners_in_band`` the winner at each rate of the failure band, from the most failures to the fewest.
+
+    With ``trials``, each feasible strategy of each cell is also simulated (the Monte Carlo, which carries the
+    variance of failures and recoveries that the closed form's expectation does not): ``winner_monte_carlo`` marks
+    its winner, and ``monte_carlo_separated`` whether that winner's 95% interval clears every other's."""
     rates = band.rates_h(scn.failure.per_gpu_mttf_h) if band else np.array([])
     rows = []
     for gpus in sizes:
@@ -151,12 +155,32 @@ def winner_grid(scn: Scenario, sizes: tuple[int, ...], ckpt_sizes_TB: tuple[floa
                 c, _, w = _winner(scn.with_per_gpu_mttf(h), gpus, tb * TB)
                 in_band.append(c[w][0] if w >= 0 else "none")
             names = list(dict.fromkeys(in_band))
+            simulated = _simulated(scn, cell, gpus, trials, seed) if trials else None
             for i, (name, p) in enumerate(cell):
-                rows.append({"label": LABEL, "scenario": scn.name, "gpus": gpus, "ckpt_TB": tb, "strategy": name,
-                             "optimal_interval_s": p.interval_s, "feasible": p.costs.feasible,
-                             "goodput": scores[i], "winner": i == win, "winners_in_band": " / ".join(names),
-                             "winner_changes_in_band": len(names) > 1})
+                row = {"label": LABEL, "scenario": scn.name, "gpus": gpus, "ckpt_TB": tb, "strategy": name,
+                       "optimal_interval_s": p.interval_s, "feasible": p.costs.feasible,
+                       "goodput": scores[i], "winner": i == win, "winners_in_band": " / ".join(names),
+                       "winner_changes_in_band": len(names) > 1}
+                if simulated is not None:
+                    row.update(simulated[i])
+                rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _simulated(scn: Scenario, cell: list[tuple[str, Point]], gpus: int, trials: int, seed: int) -> list[dict]:
+    """The Monte Carlo's goodput of each strategy of a cell, its winner and whether the winner stands apart."""
+    means, halves = np.full(len(cell), np.nan), np.full(len(cell), np.nan)
+    for i, (_, p) in enumerate(cell):
+        if p.costs.feasible:
+            sim = simulate(p.costs, scn.failure, scn.kinds, gpus=gpus, interval_s=p.interval_s,
+                           horizon_s=scn.horizon_s, trials=trials, seed=seed + i)
+            means[i], halves[i] = sim.mean, sim.ci95
+    win = int(np.nanargmax(means)) if np.any(np.isfinite(means)) else -1
+    others = [j for j in range(len(cell)) if j != win and np.isfinite(means[j])]
+    apart = win >= 0 and all(means[win] - halves[win] > means[j] + halves[j] for j in others)
+    return [{"goodput_monte_carlo": means[i], "goodput_monte_carlo_ci95": halves[i],
+             "winner_monte_carlo": i == win, "monte_carlo_separated": bool(apart), "monte_carlo_trials": trials}
+            for i in range(len(cell))]
 
 
 def failure_mix(scn: Scenario) -> pd.DataFrame:
