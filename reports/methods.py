@@ -19,6 +19,10 @@ RESULT_METRICS: list[tuple[str, str]] = [
     ("ckpt_count", "Checkpoints rank 0 recorded as durable, over all attempts."),
     ("ckpt_stall_s", "Checkpoint stall: median time from the start of a checkpoint until training may continue "
                      "(what every checkpoint costs the training loop)."),
+    ("ckpt_snapshot_stall_s, ckpt_persist_wait_s, ckpt_persist_waits", "The stall apart: the snapshot's own part "
+     "(median, the wait left out), and the wait for the previous save's persist that a background save makes "
+     "when the interval is shorter than the persist (back-pressure): its mean over every checkpoint, 0 where none "
+     "waited, and how many waited."),
     ("ckpt_durable_s", "Time until durable: median time from the start of a checkpoint until it is committed and "
                        "usable for recovery. Equal to the stall for a blocking save; longer for one that persists "
                        "in the background."),

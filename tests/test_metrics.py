@@ -154,3 +154,17 @@ def test_a_peer_replaced_one_attempt_after_the_victim_counts_as_a_restarted_surv
 
     assert compute_result(log(mate_replaced=True), RUN)["survivors_restarted"] is True
     assert compute_result(log(mate_replaced=False), RUN)["survivors_restarted"] is False
+
+
+def test_a_stall_that_waited_for_the_previous_persist_is_split_into_snapshot_and_back_pressure():
+    log = [ev(0.0, "launch", rank=None), ev(1.0, "run_start"),
+           ev(2.0, "ckpt_begin", step=2), ev(2.05, "ckpt_stall_end", step=2),
+           ev(3.0, "ckpt_begin", step=4), ev(3.9, "ckpt_persist_waited", step=4, duration_s=0.9),
+           ev(3.95, "ckpt_stall_end", step=4), ev(4.0, "ckpt_durable", step=2, bytes=10),
+           ev(5.0, "ckpt_begin", step=6), ev(5.05, "ckpt_stall_end", step=6),
+           ev(6.0, "step_end", step=6, duration_s=0.5), ev(6.1, "run_end", step=6, final_state_sha256="abc"),
+           ev(6.2, "supervisor_end", rank=None, outcome="succeeded")]
+    r = compute_result(log, {**RUN, "fault": "none", "steps": 6})
+    assert abs(r["ckpt_stall_s"] - 0.05) < 1e-9  # the median, the long one an outlier
+    assert abs(r["ckpt_snapshot_stall_s"] - 0.05) < 1e-9 and r["ckpt_persist_waits"] == 1
+    assert abs(r["ckpt_persist_wait_s"] - 0.3) < 1e-9  # 0.9 s over three checkpoints

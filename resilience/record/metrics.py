@@ -296,9 +296,17 @@ def _job_restarts(restarts: list[JobRestart]) -> dict[str, Any]:
 
 def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
     durable = [e for e in rank0 if e["kind"] == "ckpt_durable"]
+    # a background save's stall holds the wait for the previous persist when the interval is too short for it
+    # (back-pressure): apart, the snapshot's own cost and that wait
+    waited = {(e["attempt"], e["step"]): e["duration_s"] for e in rank0 if e["kind"] == "ckpt_persist_waited"}
+    taken = stalls(rank0)
+    waits = [waited.get((s.attempt, s.step), 0.0) for s in taken]
     return {
         "ckpt_count": len(durable),
-        "ckpt_stall_s": median([s.seconds for s in stalls(rank0)]),
+        "ckpt_stall_s": median([s.seconds for s in taken]),
+        "ckpt_snapshot_stall_s": median([s.seconds - w for s, w in zip(taken, waits)]),
+        "ckpt_persist_wait_s": sum(waits) / len(waits) if waits else None,
+        "ckpt_persist_waits": sum(w > 0 for w in waits),
         "ckpt_durable_s": median([s.seconds for s in durable_times(rank0)]),
         "ckpt_bytes": median([e["bytes"] for e in durable]),
     }

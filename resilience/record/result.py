@@ -162,7 +162,10 @@ def summarize(r: dict[str, Any]) -> str:
         lines.append(f"  node maintenance with {_fmt(d['notice_s'], ' s')} of notice: {moved}")
     if r.get("unrecoverable"):
         lines.append(f"  not recoverable: {r['unrecoverable']}")
-    lines.append(f"  checkpoints {r['ckpt_count']} x {_fmt(r['ckpt_bytes'], ' B')}, stall {_fmt(r['ckpt_stall_s'], ' s')}, "
+    pressure = (f" (of it {r['ckpt_persist_waits']} waited for the previous persist: "
+                f"{_fmt(r['ckpt_persist_wait_s'], ' s')} a checkpoint on average)" if r.get("ckpt_persist_waits") else "")
+    lines.append(f"  checkpoints {r['ckpt_count']} x {_fmt(r['ckpt_bytes'], ' B')}, stall {_fmt(r['ckpt_stall_s'], ' s')}"
+                 f"{pressure}, "
                  f"durable {_fmt(r['ckpt_durable_s'], ' s')}; step {_fmt(r['step_time_s'], ' s')}; "
                  f"wall {_fmt(r['wall_time_s'], ' s')}; goodput {_fmt(r['goodput'])}")
     lines.append(f"  final_state_sha256 {r['final_state_sha256']}")
