@@ -93,13 +93,15 @@ class Answer:
         return f"{m.median:.3g}{unit} [{m.low:.3g}, {m.high:.3g}] n={m.n}"
 
     def ratio(self, a: str, b: str) -> str:
-        """"x0.59 (95% CI 0.46-0.68), rank test p=0.002": a's median over b's."""
+        """"x0.59 [0.46, 0.68], rank test p=0.002": a's median over b's (its interval 95% unless a level is
+        written)."""
         ma, mb = self.medians[a].median, self.medians[b].median
         p = stats.rank_test(self.samples[a], self.samples[b])
         text = f"x{ma / mb:.2f}" if mb else "x-"
         ends = stats.ratio_estimate(self.samples[a], self.samples[b]) if mb else None
         if ends:
-            text += f", {stats.level_text(ends.level)} CI {ends.low:.2g}-{ends.high:.2g}"
+            at = "" if ends.level >= stats.LEVEL else f" at {stats.level_text(ends.level)}"
+            text += f" [{ends.low:.2g}, {ends.high:.2g}]{at}"
         return text + (f", rank test p={p:.2g}" if p is not None else "")
 
     def sentence(self) -> str:
@@ -183,7 +185,7 @@ def trade_offs(answers: list[Answer], limit: int = 8) -> list[str]:
 
 def _short(ratio: str) -> str:
     """"x0.06": a ratio's figure alone, for a sentence that names both techniques."""
-    return ratio.split(",")[0]
+    return ratio.split(" ")[0].rstrip(",")
 
 
 @dataclass

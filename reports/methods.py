@@ -130,7 +130,9 @@ DERIVED_METRICS: list[tuple[str, str]] = [
                                       "is called lower or higher than sync only where the two medians' 95% "
                                       "intervals do not overlap; where both exist and overlap the table says \"no "
                                       "measurable difference\" (a conservative test), and where a side has fewer "
-                                      "than 6 runs \"n too small for a 95% interval\"."),
+                                      "than 6 runs \"not compared: fewer than 6 runs\". Figures read median "
+                                      "[low, high] n (the interval 95% unless its level is written after n: \"n=3 "
+                                      "at 75%\"), a ratio x ratio [low, high]."),
     ("coverage interval", "A detector's coverage (k of n runs) carries the exact Clopper-Pearson 95% interval "
                           "(Clopper and Pearson, Biometrika 26(4), 1934)."),
     ("state (pipeline)", "ok or unrecovered: the harness worked (exit 0); failed: harness failure (exit 1), a "

@@ -8,8 +8,8 @@ Every measured median carries its n and an interval with the interval's stated c
   ``[x_(k), x_(n-k+1)]`` covers it with probability ``1 - 2 P(B <= k-1)``. From ``MIN_N`` (= 6) runs, ``k`` is
   the largest rank that keeps this at or above 95%: a **95% interval**. Below that no rank reaches 95%
   (n=5: 1 - 2/2^5 = 93.75%), and the interval shown is the runs' range ``[x_(1), x_(n)]`` **at its own exact level**
-  ``1 - 2/2^n``: 50% at n=2, 75% at n=3, 87.5% at n=4, 93.75% at n=5 ("n=3, 75% CI 0.08-0.11"). One run has no
-  interval.
+  ``1 - 2/2^n``: 50% at n=2, 75% at n=3, 87.5% at n=4, 93.75% at n=5 ("[0.08, 0.11] n=3 at 75%"). One run has
+  no interval.
 * **Ratio** of two medians (a strategy over sync): each median's exact interval, combined conservatively,
   ``[low_a / high_b, high_a / low_b]``. If the two cover with probabilities ``ca`` and ``cb``, both cover together
   with probability at least ``1 - (1 - ca) - (1 - cb)`` (Bonferroni), and then the true ratio lies between those
@@ -18,8 +18,8 @@ Every measured median carries its n and an interval with the interval's stated c
   fewer on one side against more on the other); where no pair does, the runs' ranges with their combined level
   stated (n=3 against n=3: 1 - 0.25 - 0.25 = 50%). A denominator interval that reaches 0 gives no interval.
 * **A difference** is called one only when the two medians' 95% intervals are disjoint; overlapping 95% intervals
-  are "no measurable difference", and a side without a 95% interval is "n too small for a 95% interval" ("n too
-  small for an interval" for a single run): an interval at a lower level describes the spread of the runs but does
+  are "no measurable difference", and a side without a 95% interval is "not compared: fewer than 6 runs" ("one
+  run: no interval" for a single run): an interval at a lower level describes the spread of the runs but does
   not call a difference. Disjoint 95%
   intervals are a conservative test (they imply a difference at a stricter level than 5%).
 * **A proportion** (a detector's coverage, k of n runs): the exact Clopper-Pearson 95% interval (Clopper &
@@ -33,17 +33,17 @@ from dataclasses import dataclass
 from typing import Iterable
 
 LEVEL = 0.95
-NO_INTERVAL = "n too small for an interval"  # one run
-NO_95 = "n too small for a 95% interval"  # the verdict where a side has only a lower-level interval
+NO_INTERVAL = "one run: no interval"
+NO_95 = "not compared: fewer than 6 runs"  # the verdict where a side has only a lower-level interval
 NO_DIFFERENCE = "no measurable difference"
 VERDICTS = ("lower", "higher")
 # The rule in words, under the report's headline tables.
-INTERVAL_RULE = ("Under each median: n, the runs it is the median of, and its interval with the interval's "
-                 "confidence level (exact, from order statistics): 95% from 6 runs; below that, the runs' range at "
-                 "its own level (50% at n=2, 75% at n=3, 87.5% at n=4, 93.75% at n=5). Under a ratio to sync: its "
-                 "interval and level (Bonferroni over the two medians' intervals). A strategy is called lower or "
-                 "higher than sync only where the two medians' 95% intervals do not overlap; otherwise \""
-                 + NO_DIFFERENCE + "\", or \"" + NO_95 + "\" (Methods).")
+INTERVAL_RULE = ("Each figure reads median [low, high] n: the median of n runs and its exact 95% interval (from "
+                 "order statistics) from 6 runs; below that, [low, high] is the runs' range, at its own level, "
+                 "written after it (\"n=3 at 75%\"; 50% at n=2, 87.5% at n=4, 93.75% at n=5). A ratio to sync "
+                 "reads x ratio [low, high], its interval Bonferroni over the two medians' (95% unless a level is "
+                 "written). A strategy is called lower or higher than sync only where the two medians' 95% "
+                 "intervals do not overlap; otherwise \"" + NO_DIFFERENCE + "\", or \"" + NO_95 + "\" (Methods).")
 
 
 def median_ranks(n: int, level: float = LEVEL) -> tuple[int, int] | None:
@@ -99,7 +99,7 @@ class Median:
     level: float | None = None
 
     def text(self) -> str:
-        """"n=7, 95% CI 0.08-0.11", "n=3, 75% CI 0.08-0.11", "n=1 (n too small for an interval)" or "n=0"."""
+        """"[0.08, 0.11] n=7", "[0.08, 0.11] n=3 at 75%", "n=1, one run: no interval" or "n=0"."""
         return interval_text(self.n, self.low, self.high, self.exact, self.level)
 
 
@@ -109,17 +109,18 @@ def interval_text(n: int, low: float | None, high: float | None, exact: bool, le
         return f"n={n or 0}"
     level = level if level is not None else interval_level(n, exact)
     if level is None:
-        return f"n={n} ({NO_INTERVAL})"
-    return f"n={n}, {level_text(level)} CI {low:.3g}-{high:.3g}"
+        return f"n={n}, {NO_INTERVAL}"
+    return f"[{low:.3g}, {high:.3g}] n={n}" + ("" if level >= LEVEL else f" at {level_text(level)}")
 
 
 def ratio_text(ratio: float, low: float | None, high: float | None, verdict: str | None,
                level: float | None = None) -> str:
-    """"x0.06 vs sync (95% CI 0.04-0.09): lower"; "x0.93 vs sync (95% CI 0.7-1.2): no measurable difference";
-    "x0.46 vs sync (73.43% CI 0.3-0.7): n too small for a 95% interval"; without an interval, why."""
+    """"x0.06 [0.04, 0.09] vs sync: lower"; "x0.93 [0.7, 1.2] vs sync: no measurable difference";
+    "x0.46 [0.3, 0.7] at 73.43% vs sync: not compared: fewer than 6 runs"; without an interval, why."""
     head = f"x{ratio:.2f} vs sync"
     if low is not None and high is not None:
-        head += f" ({level_text(LEVEL if level is None else level)} CI {low:.2g}-{high:.2g})"
+        at = "" if level is None or level >= LEVEL else f" at {level_text(level)}"
+        head = f"x{ratio:.2f} [{low:.2g}, {high:.2g}]{at} vs sync"
     elif verdict in (*VERDICTS, NO_DIFFERENCE):
         head += " (no interval for the ratio: sync's interval reaches 0)"
     elif not verdict:
@@ -195,8 +196,8 @@ def ratio_interval(a: Iterable[float], b: Iterable[float], level: float = LEVEL)
 
 def difference(a: Median, b: Median) -> str:
     """"lower" or "higher" (a against b) only when the two 95% intervals are disjoint; otherwise
-    "no measurable difference", or, when either side has no 95% interval, "n too small for a 95% interval" ("n too
-    small for an interval" where a side has a single run)."""
+    "no measurable difference", or, when either side has no 95% interval, "not compared: fewer than 6 runs" ("one
+    run: no interval" where a side has a single run)."""
     if min(a.n, b.n) < 2:
         return NO_INTERVAL
     if not (a.exact and b.exact):

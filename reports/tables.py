@@ -5,8 +5,8 @@ is the median of), ``<m>_low`` / ``<m>_high`` (its interval) and ``<m>_level`` (
 0.95 where ``<m>_exact``, i.e. n >= 6; else the runs' range at its exact level, 0.75 at n=3; ``reports.stats``);
 ``*_vs_sync`` columns divide by the ``sync`` strategy's value in the same column (and fault), with
 ``*_vs_sync_low`` / ``_high`` / ``_level`` (the ratio's interval and its stated level) and ``*_vs_sync_verdict``
-("lower" / "higher" only where the 95% intervals separate, else "no measurable difference", or "n too small for a
-95% interval"); empty for sync itself and when there is no sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
+("lower" / "higher" only where the 95% intervals separate, else "no measurable difference", or "not compared:
+fewer than 6 runs"); empty for sync itself and when there is no sync row. A strategy (or strategy and fault) the matrix asks for keeps its row when none of its cells is ok:
 ``note`` says "not measured" and why (not run, failed, error).
 """
 
@@ -285,7 +285,7 @@ def inventory(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def limit_text(key: str, value: float, limits: dict[str, Any]) -> str:
-    """A probed limit with its n: "0.244 (median of n=3, 75% CI 0.0989-0.663)" where limits.json keeps the
+    """A probed limit with its n: "0.244 (median of [0.0989, 0.663] n=3 at 75%)" where limits.json keeps the
     samples (``<name>_samples_<unit>``), else how many samples the probe takes for it."""
     name, _, unit = key.rpartition("_")
     samples = limits.get(f"{name}_samples_{unit}")

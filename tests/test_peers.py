@@ -11,6 +11,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from reports import stats
 from resilience.config import CONF_DIR
 from resilience.record.events import read_events
 from resilience.record.metrics import compute_result
@@ -201,7 +202,7 @@ def test_report_compares_ours_with_each_library_and_lists_findings_with_their_co
     assert table.loc["async", "stall_s_vs_best_library"] == pytest.approx(0.5)  # 0.1 s against torchsnapshot's 0.2 s
     assert table.loc["torchsnapshot", "stall_s_vs_sync"] == pytest.approx(0.2)
     assert table.loc["torchsnapshot", "stall_s_n"] == 1  # one run: its n, and no interval to call a difference
-    assert table.loc["torchsnapshot", "stall_s_vs_sync_verdict"] == "n too small for an interval"
+    assert table.loc["torchsnapshot", "stall_s_vs_sync_verdict"] == stats.NO_INTERVAL
     assert table.loc["nvrx_async_unstaged", "bit_exact"].startswith("no")
     note = peers_note(frame)
     assert "python -m resilience strategy=nvrx_async_unstaged" in note and "left 1 process" in note

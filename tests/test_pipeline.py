@@ -297,12 +297,12 @@ def test_the_run_ends_with_the_decision_sections_answers(tmp_path):
 
     csv = tmp_path / "decision.csv"
     pd.DataFrame([{"workload": "gpt_tiny", "question": "stall", "asks": "What does a checkpoint cost training?",
-                   "leader": "async", "runner_up": "sync", "called": True, "ratio": "x0.06, 95% CI 0.04-0.07",
+                   "leader": "async", "runner_up": "sync", "called": True, "ratio": "x0.06 [0.04, 0.07]",
                    "answer": "..."},
                   {"workload": "gpt_tiny", "question": "durable", "asks": "How soon is it durable?",
                    "leader": "sync", "runner_up": "async", "called": False, "ratio": "x0.9", "answer": "..."}]
                  ).to_csv(csv, index=False)
     lines = results_summary(csv).splitlines()
-    assert lines[1] == "  [gpt_tiny] What does a checkpoint cost training? async leads sync (x0.06, 95% CI 0.04-0.07)"
+    assert lines[1] == "  [gpt_tiny] What does a checkpoint cost training? async leads sync (x0.06 [0.04, 0.07])"
     assert lines[2].endswith("no difference shown between sync and async (x0.9)")
     assert results_summary(tmp_path / "missing.csv") == ""

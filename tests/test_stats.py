@@ -31,14 +31,14 @@ def test_below_six_runs_the_interval_is_the_range_at_its_own_level():
     assert [stats.interval_level(n, False) for n in range(1, 6)] == [None, 0.5, 0.75, 0.875, 0.9375]
     est = stats.median_interval([3.0, 1.0, float("nan"), 2.0])
     assert (est.median, est.n, est.low, est.high, est.exact, est.level) == (2.0, 3, 1.0, 3.0, False, 0.75)
-    assert est.text() == "n=3, 75% CI 1-3"
-    assert stats.median_interval([1, 2, 3, 4]).text() == "n=4, 87.5% CI 1-4"
-    assert stats.median_interval([1, 2, 3, 4, 5]).text() == "n=5, 93.75% CI 1-5"
+    assert est.text() == "[1, 3] n=3 at 75%"
+    assert stats.median_interval([1, 2, 3, 4]).text() == "[1, 4] n=4 at 87.5%"
+    assert stats.median_interval([1, 2, 3, 4, 5]).text() == "[1, 5] n=5 at 93.75%"
     assert stats.median_interval([]).text() == "n=0"
-    assert stats.median_interval([4.0]).text() == "n=1 (n too small for an interval)"
+    assert stats.median_interval([4.0]).text() == "n=1, one run: no interval"
     est = stats.median_interval(range(10, 0, -1))  # 1..10: ranks 2 and 9
     assert (est.median, est.low, est.high, est.exact, est.level) == (5.5, 2.0, 9.0, True, 0.95)
-    assert est.text() == "n=10, 95% CI 2-9"
+    assert est.text() == "[2, 9] n=10"
     assert stats.level_text(0.734375) == "73.43%"  # rounded down, never overstated
     with pytest.raises(ValueError, match="level=1.5"):
         stats.median_ranks(10, 1.5)
@@ -161,7 +161,7 @@ def test_headline_tables_carry_n_intervals_ratio_intervals_and_the_difference_ru
 
     page = html.table(strat.reset_index(), [("strategy", "strategy"), ("ckpt_stall_s", "stall")], text=["strategy"],
                       ratios={"ckpt_stall_s": "ckpt_stall_s_vs_sync"}, intervals=tables.STRATEGY_METRICS)
-    assert "n=7, 95% CI 0.05-0.11" in page and "x0.06 vs sync (95% CI 0.031-0.11): lower" in page
-    assert "x0.92 vs sync (95% CI 0.56-1.5): no measurable difference" in page
-    assert "n=3, 75% CI 0.5-0.7" in page
-    assert "x0.46 vs sync (73.43% CI 0.31-0.7): n too small for a 95% interval" in page
+    assert "[0.05, 0.11] n=7" in page and "x0.06 [0.031, 0.11] vs sync: lower" in page
+    assert "x0.92 [0.56, 1.5] vs sync: no measurable difference" in page
+    assert "[0.5, 0.7] n=3 at 75%" in page
+    assert "x0.46 [0.31, 0.7] at 73.43% vs sync: not compared: fewer than 6 runs" in page
