@@ -26,11 +26,14 @@ def fault_free(tmp_path_factory) -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("on_notice", "loaded"), [(False, 4), (True, AT + 1)], ids=["no-save", "save-on-notice"])
-def test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing(tmp_path, fault_free, on_notice,
-                                                                              loaded):
+@pytest.mark.parametrize(("strategy", "on_notice", "loaded"),
+                         [("sync", False, 4), ("sync", True, AT + 1), ("inmemory", True, AT + 1)],
+                         ids=["no-save", "save-on-notice", "inmemory-save-on-notice"])
+def test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing(tmp_path, fault_free, strategy,
+                                                                              on_notice, loaded):
+    """In-memory's save on the notice goes to disk too: its snapshots in memory do not outlive the job."""
     run, shm_before = tmp_path / "run", set(os.listdir(SHM_DIR))
-    command = ("strategy=sync", "fault=preempt", f"fault.at_step={AT}", "fault.grace_s=20",
+    command = (f"strategy={strategy}", "fault=preempt", f"fault.at_step={AT}", "fault.grace_s=20",
                f"checkpoint.on_notice={str(on_notice).lower()}", *TRAINING)
     first = run_cli(*command, f"hydra.run.dir={run}", timeout=120)
     assert first.returncode != 0, first.stdout + first.stderr

@@ -10,6 +10,9 @@ is the second and further strategy, library or phase of one mechanism. A test na
 from __future__ import annotations
 
 LONG: dict[str, str] = {
+    # a save on notice of an in-memory strategy, to disk: CI keeps sync's save on notice
+    "tests/test_preempt.py::test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing"
+    "[inmemory-save-on-notice]": "strategy sweep",
     # the outside crash tester over sync's saves (an optional extra, skipped where it is not installed): CI keeps
     # the kill in a save of every strategy of ours (tests/test_strategies.py) and the job killed in a save
     "tests/test_chaos.py::test_ckpt_chaos_passes_every_crash_point_of_syncs_saves": "outside crash tester",

@@ -24,6 +24,9 @@ class CheckpointStrategy(Named, ABC):
 
     caps = StrategyCaps()  # what it does, for the table of rules (resilience.compat): readable without building it
     _stalled: int | None = None  # the step whose save has begun and not yet ended its stall (``end_stall``)
+    # a save on a preemption's notice: the job is ending, so a strategy that writes only some saves to disk (the
+    # others to memory, which dies with the job) writes this one
+    on_notice: bool = False
 
     def __init__(self, every: int, keep: int) -> None:
         self.every = require_int("checkpoint.every", every, 1)
@@ -70,9 +73,13 @@ class CheckpointStrategy(Named, ABC):
 
     def save_now(self, step: int, state: TrainState) -> None:
         """Checkpoint ``state`` now, off the interval (a preemption's notice: ``resilience.rank.notice``), as a due
-        save does; a strategy that never saves does nothing."""
+        save does, and to disk (``on_notice``); a strategy that never saves does nothing."""
         if self.caps.saves:
-            self._checkpoint(step, state)
+            self.on_notice = True
+            try:
+                self._checkpoint(step, state)
+            finally:
+                self.on_notice = False
 
     def _checkpoint(self, step: int, state: TrainState) -> None:
         self.rt.events.emit("ckpt_begin", step=step)

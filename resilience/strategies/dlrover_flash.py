@@ -175,7 +175,7 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
 
     def _save(self, step: int, state: TrainState) -> None:
         self._reap()
-        persist = (step // self.every) % self.persist_every == 0
+        persist = self.on_notice or (step // self.every) % self.persist_every == 0  # the memory copy dies with the job
         if persist:
             self.wait()  # one disk write at a time, inside the stall (as ``when_busy=wait``)
             if self.rt.rank == 0 and self.sharded:

@@ -137,8 +137,9 @@ class InMemoryCheckpoint(SyncCheckpoint):
         return data + ALIGN + 3 * len(meta)  # meta: room for the optimizer's entries too
 
     def persist_due(self, step: int) -> bool:
-        """Whether the snapshot of ``step`` also goes to disk: every ``persist_every``-th, counted from step 0."""
-        return (step // self.every) % self.persist_every == 0
+        """Whether the snapshot of ``step`` also goes to disk: every ``persist_every``-th, counted from step 0, and a
+        save on a preemption's notice (the job's supervisor removes the snapshots on its way out)."""
+        return self.on_notice or (step // self.every) % self.persist_every == 0
 
     # ---- save -------------------------------------------------------------------------------------------------
     def _save(self, step: int, state: TrainState) -> None:
