@@ -103,4 +103,4 @@ gpu-check:
 # technique two fit runs and one 1,000-step run under a seeded trace; about 13 minutes on 2 idle cores.
 .PHONY: trace
 trace: $(STAMP)
-	$(PY) -m resilience.bench.trace --steps 1000 --mtbf-steps 200
+	$(PY) -m resilience.bench.trace --steps 3000 --mtbf-steps 100
