@@ -79,12 +79,15 @@ def test_a_worker_ends_with_its_sigkilled_rank(after_s):
             pass
 
 
-def test_a_helper_spawned_inside_a_library_call_outlives_the_notice_and_ends_with_its_rank():
-    rank = _rank("helper")
+@pytest.mark.parametrize("mode", ["helper", "forkserver"])
+def test_a_helper_started_otherwise_outlives_the_notice_and_ends_with_its_rank(mode):
+    """Spawned inside a library's call (NVRx's manager), or a module's function started by a fork server
+    (DLRover's saver)."""
+    rank = _rank(mode)
     try:
         report = _report(rank)
         assert rank.wait(timeout=30) == 0
     finally:
         os.killpg(rank.pid, signal.SIGKILL) if rank.poll() is None else None
-    assert report["worker_alive"] and report["worker_ignores_term"] and report["queue"] == "written"
+    assert report["worker_alive"] and report["worker_ignores_term"] and report.get("queue", "written") == "written"
     assert _gone(report["worker"], 10)

@@ -2,7 +2,8 @@
 ``start_outliving_notice``, spawns its worker as DCP and NVRx do (``multiprocessing`` spawn, daemonic), prints one
 JSON line, then does what ``argv[1]`` says: ``term`` (SIGTERM to the worker at once, in its start-up, and to
 itself), ``exit`` (leave at once, the worker still running) or ``wait`` (until killed); ``helper`` starts a
-multiprocessing manager inside ``spawning_outliving_notice`` instead."""
+multiprocessing manager inside ``spawning_outliving_notice`` instead, ``forkserver`` a module's function by a fork
+server."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def _ignores_term(pid: int) -> bool:
     return False
 
 
+def module_worker(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def forkserver() -> None:
+    """A module's worker function started by a fork server (DLRover's saver): SIGTERM once it runs, then exit."""
+    start_outliving_notice(sys.modules[__name__], "module_worker")
+    worker = multiprocessing.get_context("forkserver").Process(target=module_worker, args=(60.0,), daemon=True)
+    worker.start()
+    time.sleep(2.0)  # past its first line of ours
+    os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(1.0)
+    print(json.dumps({"worker": worker.pid, "worker_alive": worker.is_alive(),
+                      "worker_ignores_term": _ignores_term(worker.pid)}), flush=True)
+
+
 def helper() -> None:
     """A helper spawned inside a library's call (NVRx's result-queue manager): SIGTERM at once, then used."""
     with spawning_outliving_notice():
@@ -48,6 +65,8 @@ def helper() -> None:
 def main(mode: str) -> None:
     if mode == "helper":
         return helper()
+    if mode == "forkserver":
+        return forkserver()
     noted = []
     signal.signal(signal.SIGTERM, lambda *_: noted.append(time.monotonic()))
     start_outliving_notice(Library, "worker")

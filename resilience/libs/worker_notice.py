@@ -32,6 +32,7 @@ import os
 import platform
 import signal
 import threading
+from types import ModuleType
 from typing import Iterator
 
 from resilience.proc.lifeline import outlive_notice
@@ -61,14 +62,20 @@ def spawning_outliving_notice() -> Iterator[None]:
         _SPAWNING.on = False
 
 
-def start_outliving_notice(owner: type, attr: str) -> None:
-    """In the rank: make ``owner.attr``, a static worker function that a library passes as a spawned process's
-    ``target``, start its worker through :func:`run_outliving_notice` (idempotent)."""
+def start_outliving_notice(owner: type | ModuleType, attr: str) -> None:
+    """In the rank: make ``owner.attr``, a worker function (static in a class, or of a module) that a library passes
+    as a spawned or fork-server process's ``target``, start its worker through :func:`run_outliving_notice`
+    (idempotent)."""
     current = owner.__dict__[attr]
-    if isinstance(current, staticmethod) and _ours(current.__func__):
+    function = current.__func__ if isinstance(current, staticmethod) else current
+    if _ours(function):
         return
-    target = f"{owner.__module__}:{owner.__qualname__}.{attr}"
-    setattr(owner, attr, staticmethod(functools.partial(run_outliving_notice, os.getpid(), target)))
+    if isinstance(owner, ModuleType):
+        target = f"{owner.__name__}:{attr}"
+        setattr(owner, attr, functools.partial(run_outliving_notice, os.getpid(), target))
+    else:
+        target = f"{owner.__module__}:{owner.__qualname__}.{attr}"
+        setattr(owner, attr, staticmethod(functools.partial(run_outliving_notice, os.getpid(), target)))
     _install_spawn_hooks()
 
 
@@ -91,20 +98,27 @@ _SPAWNING = threading.local()
 
 @functools.cache
 def _install_spawn_hooks() -> None:
-    shipped = multiprocessing.context.SpawnProcess.__dict__["_Popen"].__func__
+    for kind, spawned in ((multiprocessing.context.SpawnProcess, True),
+                          (multiprocessing.context.ForkServerProcess, False)):
+        kind._Popen = staticmethod(_hooked(kind.__dict__["_Popen"].__func__, spawned))
 
+
+def _hooked(shipped, spawned: bool):
+    """``_Popen`` of a process kind, for our targets: started ignoring SIGTERM (``spawned``: the rank's own
+    fork and exec; a fork server's child is forked by the server, and ignores it from its first line of ours),
+    and ended by a kill where multiprocessing would send SIGTERM."""
     def _popen(process_obj):
         target = getattr(process_obj, "_target", None)
         if getattr(_SPAWNING, "on", False) and not _ours(target):
             process_obj._target = functools.partial(run_with_lifeline, os.getpid(), target)
         elif not _ours(target):
             return shipped(process_obj)
-        with _spawned_ignoring_term():
+        with _spawned_ignoring_term() if spawned else contextlib.nullcontext():
             popen = shipped(process_obj)
         popen.terminate = popen.kill  # SIGTERM is ignored: the rank's own request to end it is a kill
         return popen
 
-    multiprocessing.context.SpawnProcess._Popen = staticmethod(_popen)
+    return _popen
 
 
 # glibc's struct sigaction starts with the handler on these machines; elsewhere the worker is spawned as shipped

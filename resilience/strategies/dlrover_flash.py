@@ -61,6 +61,7 @@ from resilience.libs.dlrover_agent import AGENT_ROLE, POLL_S, AgentSaver
 from resilience.libs.dlrover_layout import RANK0, TWINS, has_twins
 from resilience.libs.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
 from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
+from resilience.libs.worker_notice import start_outliving_notice
 from resilience.workloads.base import Workload
 
 RUN_ID_FILE = "dlrover_run_id"
@@ -87,7 +88,19 @@ def _saver_by_forkserver() -> None:
     engine.Process = multiprocessing.get_context("forkserver").Process
 
 
+def _saver_outlives_notice() -> None:
+    import dlrover.trainer.torch.flash_checkpoint.engine as engine
+
+    start_outliving_notice(engine, "start_async_save")
+
+
 PATCHES = (
+    Patch("saver_outlives_notice", "(saver=rank) a preemption's SIGTERM reaches the saver process the rank starts, "
+          "which dies of it before a save on the notice is written; with its rank SIGKILLed it outlives the job",
+          _saver_in_rank, _saver_outlives_notice,
+          declare("dlrover_saver_target", "engine.start_async_save, the target of the saver process a rank starts, "
+                  "is started through one that ignores SIGTERM and ends with its rank (libs/worker_notice.py)",
+                  ("0.6.1",), __name__, package="dlrover")),
     Patch("clone_loaded_state", "a state loaded from shared memory aliases the library's segment, which the next "
           "memory save overwrites", lambda: True, lambda: None),
     Patch("saver_by_forkserver", "the saver process forked from a multi-threaded rank can hang before it serves its "
