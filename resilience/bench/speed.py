@@ -260,7 +260,8 @@ SECTIONS: dict[str, Callable[[Path, bool], list[Row]]] = {
     "replica": replica_rows, "fingerprint": fingerprint_rows, "detection": detection_rows}
 FIGURES = {"cell": "fault-free cell wall time / training time, gpt_tiny 30 steps",
            "sync_write": "sync durable write bandwidth / probed disk write bandwidth, dlrm_emb",
-           "async": "async stall / sync stall, dlrm_emb and gpt_small", "inmemory": "inmemory load / sync load speed",
+           "async": "async snapshot stall / sync stall, dlrm_emb and gpt_small; back-pressure apart",
+           "inmemory": "inmemory load / sync load speed",
            "replica": "replica recovery / (replacement start + transfer floor)",
            "fingerprint": "fingerprint overhead at default every", "detection": "process-death; hang detection"}
 GOALS = {"cell": "<= 2x", "sync_write": ">= 70%", "async": "<= 5%", "inmemory": ">= 5x", "replica": "<= 1.5x",
