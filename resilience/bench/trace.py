@@ -1,25 +1,29 @@
-"""The projection checked against a measured failure trace: each compared technique trains a few hundred steps
+"""The projection checked against a measured failure trace: each compared technique trains a few thousand steps
 under a seeded trace of failures (``fault=trace``: arrivals at a compressed MTBF, node losses and killed ranks by
 the Llama 3 table's crash-kind weights), and the projection's prediction for the same parameters stands beside what
 the run measured: the wall time to N steps (the first step's start to the last step's end), ETTR and the steps lost.
 
     python -m resilience.bench.trace [--strategies sync,async,inmemory] [--steps 200] [--mtbf-steps 40]
-                                     [--seed 11] [--out results/trace] [OVERRIDE ...]      (make trace)
+                                     [--seed 11] [--out results/trace] [OVERRIDE ...]
+    make trace: --steps 3000 --mtbf-steps 100 (~30 failures, ~7 minutes a technique on 2 cores)
 
 Every cost a prediction uses is fitted on runs that are not the trace run (no parameter of a technique is taken
 from its own trace run): per technique a fault-free run and a run with kills at a known rate (80 steps each) give
-the step time t_w and the step's own t_d, the stall C a checkpoint costs the loop, the lag L until it is durable,
-the start-up and tear-down, and the recovery R (fault -> first step of the next attempt). Two predictions:
+the step time t_w and the step's own t_d and the stall C a checkpoint costs the loop (the fault-free run's), the
+start-up and tear-down, the recovery R (fault -> first step of the next attempt), every checkpoint's lag from its
+stall's end until it can be recovered from, and when after a stall the loop reaches each later step boundary. Two
+predictions:
 
 * **closed form** (``resilience.projection.goodput.predicted_goodput``, the projection's): the training phase's
-  goodput g at interval every x t_w, C, L, R and the MTBF M that puts the trace's K planned failures in the wall
-  time it predicts (M = W / K); wall = N x t_w / g, ETTR = g x t_d / t_w, lost = K x ((every - 1) / 2 +
-  (L - C) / t_w): an expectation, which a handful of failures scatters around (5 failures: +-30%);
+  goodput g at interval every x t_w, C, L (C + the median lag), R and the MTBF M that puts the trace's K planned
+  failures in the wall time it predicts (M = W / K); wall = N x t_w / g, ETTR = g x t_d / t_w, lost = K x
+  ((every - 1) / 2 + the mean lag in steps): an expectation, which a few failures scatter around;
 * **from the schedule** (``resilience.projection.run_model``): the step clock over the planned failures, each
-  losing the steps since the newest *durable* checkpoint.
+  losing the steps since its newest checkpoint, and that checkpoint's interval too with the share of measured lags
+  that outlast the failure's strike.
 
 Error = predicted / measured - 1 per technique and measure; the goal is 10%. Prints a Markdown table and writes it
-with a CSV under ``--out``. About 2 minutes a technique on 2 cores.
+with a CSV under ``--out``.
 """
 
 from __future__ import annotations
