@@ -39,13 +39,19 @@ def _report(rank: subprocess.Popen) -> dict:
     return json.loads(rank.stdout.readline())
 
 
-def test_a_sigterm_in_the_workers_start_up_is_ignored_and_the_rank_keeps_its_handler():
-    rank = _rank("term")
+def _finished(mode: str) -> dict:
+    """Run the stand-in rank in ``mode`` to its end (exit 0); its report."""
+    rank = _rank(mode)
     try:
         report = _report(rank)
         assert rank.wait(timeout=30) == 0
     finally:
         os.killpg(rank.pid, signal.SIGKILL) if rank.poll() is None else None
+    return report
+
+
+def test_a_sigterm_in_the_workers_start_up_is_ignored_and_the_rank_keeps_its_handler():
+    report = _finished("term")
     assert report["worker_alive"] and report["worker_ignores_term"]
     assert not report["rank_ignores_term"] and report["rank_noted_term"] == 1  # its own handler, restored
     assert _gone(report["worker"], 10)  # ended at the rank's exit
@@ -53,12 +59,7 @@ def test_a_sigterm_in_the_workers_start_up_is_ignored_and_the_rank_keeps_its_han
 
 def test_a_rank_that_exits_ends_its_worker_instead_of_waiting_for_it():
     started = time.monotonic()
-    rank = _rank("exit")
-    try:
-        report = _report(rank)
-        assert rank.wait(timeout=30) == 0
-    finally:
-        os.killpg(rank.pid, signal.SIGKILL) if rank.poll() is None else None
+    report = _finished("exit")
     assert time.monotonic() - started < 25  # the worker sleeps 60 s: multiprocessing's terminate() is ignored
     assert _gone(report["worker"], 5)
 
@@ -83,11 +84,6 @@ def test_a_worker_ends_with_its_sigkilled_rank(after_s):
 def test_a_helper_started_otherwise_outlives_the_notice_and_ends_with_its_rank(mode):
     """Spawned inside a library's call (NVRx's manager), or a module's function started by a fork server
     (DLRover's saver)."""
-    rank = _rank(mode)
-    try:
-        report = _report(rank)
-        assert rank.wait(timeout=30) == 0
-    finally:
-        os.killpg(rank.pid, signal.SIGKILL) if rank.poll() is None else None
+    report = _finished(mode)
     assert report["worker_alive"] and report["worker_ignores_term"] and report.get("queue", "written") == "written"
     assert _gone(report["worker"], 10)
