@@ -1,6 +1,7 @@
 """A library's checkpoint worker process that outlives the job's SIGTERM until its rank has saved on it.
 
-DCP's process executor and NVRx's persistent worker are spawned by the rank. A preemption's SIGTERM reaches them
+DCP's process executor and NVRx's persistent worker are spawned by the rank, DLRover's standalone saver started by
+its fork server. A preemption's SIGTERM reaches them
 too (torch's elastic agent signals the rank's whole process group, SLURM every process of the job) and they die of
 it at once, so a rank that saves on the notice (``checkpoint.on_notice``) waits for a dead worker until the grace
 period ends (measured: "save NOT in time", docs/resume.md). The workaround (a library's ``Patch``, declared in
@@ -36,6 +37,7 @@ from types import ModuleType
 from typing import Iterator
 
 from resilience.proc.lifeline import outlive_notice
+
 
 def run_outliving_notice(rank_pid: int, target: str, *args, **kwargs):
     """In the spawned worker: ignore SIGTERM, end with the rank, then run ``module:Class.attr``. The rank's pid
