@@ -117,6 +117,12 @@ class HostSnapshot:
         self._buffers: dict[str, torch.Tensor] = {}
         self._layout: dict[str, tuple] = {}
         self.allocated = 0  # bytes the last ``capture`` had to allocate (0: reserved beforehand)
+        self._captured = False  # the buffers' layout is that of a captured state, not only a reserved one
+
+    @property
+    def captured(self) -> bool:
+        """Whether a capture has written the buffers (a persist may read them from then on)."""
+        return self._captured
 
     @property
     def nbytes(self) -> int:
@@ -145,12 +151,15 @@ class HostSnapshot:
         self._layout = layout
         return self.nbytes
 
-    def capture(self, sd: dict[str, Any]) -> dict[str, Any]:
-        """Copy this rank's share of ``sd`` into the buffers; return the snapshot state dict (see class doc)."""
+    def capture(self, sd: dict[str, Any], same_tensors: bool = False) -> dict[str, Any]:
+        """Copy this rank's share of ``sd`` into the buffers; return the snapshot state dict (see class doc).
+        ``same_tensors``: ``sd`` holds the very tensors of the previous capture, whose layout is the buffers'."""
         before = self._layout
-        self.reserve(sd)  # a no-op unless the layout changed
+        if not (same_tensors and self._captured):
+            self.reserve(sd)  # a no-op unless the layout changed
         self.allocated = self.nbytes if self._layout is not before else 0
         snap = self._copy(sd, "")
+        self._captured = True
         if any(b.is_pinned() for b in self._buffers.values()):
             torch.cuda.synchronize()  # non-blocking device-to-host copies must land before anyone reads them
         return snap

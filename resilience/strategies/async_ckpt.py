@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from resilience.ckpt.snapshot import HostSnapshot, is_sharded, layout_state_dict
 from resilience.runtime.rank import RankRuntime
+from resilience.state.reused import ReusedStateDict
 from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, write_checkpoint
 
@@ -38,6 +39,7 @@ class AsyncCheckpoint(BackgroundCheckpoint):
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.snapshot = HostSnapshot(rt.rank, rt.world_size)
+        self._reused = ReusedStateDict()  # the state dict's names built once, not at every stall
 
     def load(self, state: TrainState) -> int:
         """Load as ``sync`` does, then allocate the snapshot buffers, so that no checkpoint pays for that. An
@@ -56,8 +58,17 @@ class AsyncCheckpoint(BackgroundCheckpoint):
         self.rt.events.emit("snapshot_reserved", bytes=nbytes, duration_s=time.monotonic() - t0)
         return step
 
+    def before_step(self, state: TrainState, position: int) -> int:
+        if not self.snapshot.captured and self._pending is None and state.optimizer.state:
+            # Once, after the first optimizer step and before any capture of this process (so that no persist reads
+            # the buffers): the state dict built and a first copy made, outside any stall, as the buffers are
+            # reserved at load. Measured on gpt_small: the first capture paid 14 ms, the later ones 5-6 ms.
+            self.snapshot.capture(self._reused.of(state))
+        return super().before_step(state, position)
+
     def _start(self, step: int, state: TrainState) -> Future:
-        snap = self.snapshot.capture(state.state_dict())
+        sd = self._reused.of(state)
+        snap = self.snapshot.capture(sd, same_tensors=not self._reused.rebuilt)
         self.end_stall(step, snapshot_bytes=self.snapshot.nbytes, allocated_bytes=self.snapshot.allocated)
         done: Future = Future()
         work = lambda: write_checkpoint(self.rt, self.dirs, step, snap, self.keep, self.group)  # noqa: E731
