@@ -1,4 +1,4 @@
-"""The async snapshot's state dict, built once and reused (resilience/state/reused.py), is at every checkpoint what
+"""The async snapshot's state dict, built once and reused (resilience/ckpt/reused.py), is at every checkpoint what
 ``TrainState.state_dict()`` returns: the same names, the same tensors (their storage), the same settings, through
 optimizer steps, an LR schedule, a load that replaces the optimizer's state and a parameter given new storage."""
 
@@ -9,7 +9,7 @@ import copy
 import torch
 
 from resilience.state.parts import JobParts
-from resilience.state.reused import ReusedStateDict
+from resilience.ckpt.reused import ReusedStateDict
 from resilience.state.train import TrainState
 
 

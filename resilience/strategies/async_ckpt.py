@@ -22,9 +22,9 @@ import time
 from concurrent.futures import Future
 from dataclasses import replace
 
+from resilience.ckpt.reused import ReusedStateDict
 from resilience.ckpt.snapshot import HostSnapshot, is_sharded, layout_state_dict
 from resilience.runtime.rank import RankRuntime
-from resilience.state.reused import ReusedStateDict
 from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, write_checkpoint
 
