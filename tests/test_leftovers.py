@@ -17,13 +17,13 @@ def test_what_no_live_process_reaches_since_the_run_began_is_removed_and_nothing
     time.sleep(0.05)
     began = time.time()
     time.sleep(0.05)
-    names = ["sem.mp-orphan", "torch_4000001_9_0", "sem.mp-mapped", "torch_4000002_9_0", "rb-other_ckpt_shm_0"]
+    names = ["sem.mp-orphan", "torch_4000001_9_0", "cuda.shm.0.3d0901.1", "sem.mp-mapped", "torch_4000002_9_0", "rb-other_ckpt_shm_0"]
     for name in names:
         (tmp_path / name).write_bytes(b"y" * 4096)
     with (tmp_path / "sem.mp-mapped").open("r+b") as f, mmap.mmap(f.fileno(), 4096) as _mapped, \
             (tmp_path / "torch_4000002_9_0").open("rb") as _held:  # mapped by this live process, and held open
         removed = remove_unreachable(began, shm_dir=tmp_path)
-    assert sorted(removed) == [("sem.mp-orphan", 4096), ("torch_4000001_9_0", 4096)]
+    assert sorted(removed) == [("cuda.shm.0.3d0901.1", 4096), ("sem.mp-orphan", 4096), ("torch_4000001_9_0", 4096)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["sem.mp-before", "sem.mp-mapped", "torch_4000002_9_0", "rb-other_ckpt_shm_0"])  # not ours to judge
 

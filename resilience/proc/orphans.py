@@ -94,7 +94,9 @@ def _kill_and_reap(pids: set[int]) -> None:
             os.waitpid(pid, 0)
 
 
-LEAKABLE = re.compile(r"^(torch_\d+_|sem\.mp-)")  # torch's tensor segments, multiprocessing's named semaphores
+# torch's tensor segments, multiprocessing's named semaphores, and the CUDA driver's per-process IPC files
+# (cuda.shm.<uid>.<pid, hex>.<n>: a rank whose library worker took CUDA tensors by IPC left two on an H100, 2026-11-27)
+LEAKABLE = re.compile(r"^(torch_\d+_|sem\.mp-|cuda\.shm\.)")
 
 
 def in_use(shm_dir: Path = Path("/dev/shm")) -> set[int]:
