@@ -15,6 +15,7 @@ from typing import Any
 
 from injectors.base import Injector
 from injectors.kill import die
+from resilience.proc.zygote import launcher_pid
 from resilience.record.events import read_events
 
 
@@ -29,7 +30,7 @@ class JobKill(Injector):
         # step all of them are in the log.
         ranks = {e["rank"]: e["pid"] for e in read_events(self.rt.run_dir)
                  if e["kind"] == "run_start" and e["attempt"] == self.rt.attempt}
-        self._victims = [os.getppid(), *(pid for rank, pid in sorted(ranks.items()) if pid != os.getpid())]
+        self._victims = [launcher_pid(), *(pid for rank, pid in sorted(ranks.items()) if pid != os.getpid())]
         return {"signal": "SIGKILL", "supervisor_pid": self._victims[0], "rank_pids": ranks}
 
     def _act(self, step: int) -> None:

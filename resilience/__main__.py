@@ -32,13 +32,19 @@ from resilience.record.result import summarize, write_result
 from resilience.supervise.resume import Resume, names_run_dir, with_run_dir
 
 if TYPE_CHECKING:
+    from resilience.proc.zygote import Zygote
     from resilience.roles import Roles
     from resilience.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 
+_zygote: Zygote | None = None  # started once the command is composed (start_zygote), handed to the supervisor
+
+
 def _fail_config(exc: ConfigError) -> None:
+    if _zygote is not None:
+        _zygote.close()
     print(f"error: {exc}", file=sys.stderr)
     sys.exit(2)
 
@@ -77,6 +83,7 @@ def main(cfg: DictConfig) -> None:
     if resume:
         say(f"job {resume.job} of run {resume.run_id}: resuming it from its newest complete checkpoint")
     supervisor = supervisor_for(cfg, config_path, roles)
+    supervisor.zygote = _zygote
     for caveat in [*roles.policy.caveats(roles.injector), *supervisor.caveats()]:
         print(f"warning: {caveat}", file=sys.stderr, flush=True)
     outcome = supervisor.run()
@@ -140,6 +147,8 @@ def precheck(argv: list[str]) -> Resume | None:
         choices = {k: v for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
         with open_dict(composed):
             del composed["hydra"]
+        if not multirun:  # before validation imports torch, so that a rank's imports run beside ours
+            start_zygote(composed, run_dir / "config.yaml")
         cfg = resolve(composed, run_dir, choices)
         resume = Resume.of(cfg, run_dir, names_run_dir(job), multirun)
         check_places(cfg, run_dir, resume)
@@ -159,6 +168,21 @@ def own_checkpoint_dir(cfg: DictConfig, run_dir: Path, resume: Resume | None = N
         lock.release()
         raise ConfigError(f"checkpoint.dir={ckpt}: is not empty; a run starts from an empty directory")
     return lock
+
+
+def start_zygote(cfg: DictConfig, config_path: Path) -> None:
+    """The interpreter the first attempt's ranks fork from (``supervisor.first_start=preloaded``, our launcher),
+    started from the composed command of a single run; a sweep's runs start cold."""
+    global _zygote
+    try:
+        wanted = cfg.supervisor.launcher == "local" and cfg.supervisor.first_start == "preloaded"
+        ranks, strategy = int(cfg.world_size), str(cfg.strategy._target_).rsplit(".", 1)[0]
+    except Exception:  # noqa: BLE001 (a setting validation will name in its own words: no zygote then)
+        return
+    if wanted:
+        from resilience.proc.zygote import PRELOAD, Zygote
+
+        _zygote = Zygote.start(ranks, config_path, [*PRELOAD, strategy])
 
 
 def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:

@@ -44,3 +44,22 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def die_with(pid: int) -> None:
+    """In a process that must not outlive ``pid`` (a preloaded rank and its stub): SIGKILL itself once it has
+    ended, as the stub's own death would have ended a cold rank."""
+    threading.Thread(target=_kill_self_after, args=(pid,), name="die-with-stub", daemon=True).start()
+
+
+def _kill_self_after(pid: int) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pass
+    except (AttributeError, OSError):
+        while _alive(pid):
+            time.sleep(POLL_S)
+    else:
+        select.select([fd], [], [])
+    os.kill(os.getpid(), signal.SIGKILL)

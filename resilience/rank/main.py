@@ -21,6 +21,7 @@ from resilience.runtime.rank import DRAIN_EXIT, NOTHING_TO_RECOVER_EXIT, NOTICE_
 from resilience.rank.detectors import RankDetectors, RecoveryRequested
 from resilience.rank.notice import NoticeHonoured
 from resilience.rank.handover import Drained
+from resilience.proc.zygote import preloaded
 from resilience.record.events import EventLog, read_events
 from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
@@ -113,7 +114,8 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         group.join()
         # In place, the supervisor numbers the generations; under an elastic agent the ranks agree on it.
         events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
-        events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend)
+        events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend,
+                    preloaded=preloaded())
         if prepared is None:  # a spare watches from the start
             die_with_parent(lambda: strategy.clean_up_run(run_dir))
         detectors = RankDetectors(roles.detectors, roles.policy)

@@ -47,6 +47,9 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         # False under torchrun (launched by it, or supervisor.launcher=torchrun): no detection events
         "supervised": launch is not None and launch.get("recovery") not in ("torchrun", "ft_launcher") and launch["rank"] is None,
         "attempts": final_attempt + 1,
+        # how the first attempt's ranks started (resilience.proc.zygote); every restart is a cold start
+        "first_start": "preloaded" if any(e.get("preloaded") for e in events if e["kind"] == "run_start")
+        else "cold",
         "steps_completed": max((e["step"] for e in rank0 if e["kind"] == "step_end" and e["attempt"] == final_attempt),
                                default=0),
         # across jobs on the wall clock: a resumed job may run on another host

@@ -51,6 +51,11 @@ class Launcher(str, Enum):
     ft_launcher = "ft_launcher"
 
 
+class FirstStart(str, Enum):
+    preloaded = "preloaded"
+    cold = "cold"
+
+
 @dataclass
 class Checkpoint:
     every: int = at_least(1, 5)
@@ -71,6 +76,7 @@ class Timeouts:
 @dataclass
 class Supervisor:
     launcher: Launcher = Launcher.local
+    first_start: FirstStart = FirstStart.preloaded
     monitor_interval_s: Number = above(0, 0.1)
     spares: int = at_least(0, 0)
     max_local_ranks: Any = "auto"  # auto | an integer >= 1 (checked where the local launcher's limit is applied)

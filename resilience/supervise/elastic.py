@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -194,8 +193,8 @@ class ElasticSupervisor(Supervisor):
         spec = WorkerSpec(
             role=self.worker_role(),
             local_world_size=self.world_size,
-            entrypoint=sys.executable,
-            args=("-u", "-m", "resilience.rank", str(self.config_path)),
+            entrypoint=self.rank_argv()[0],
+            args=tuple(self.rank_argv()[1:]),
             rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
             max_restarts=self.max_restarts,
             monitor_interval=float(self.cfg.supervisor.monitor_interval_s),

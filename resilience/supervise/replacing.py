@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -26,6 +25,7 @@ from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
 from resilience.rank.spare import SPARE_ENV, assign_key
 from resilience.supervise.supervisor import Supervisor
+from resilience.proc.zygote import cold_argv
 
 
 NOTHING_TO_RECOVER = "no rank holds the training state (every replica was lost at once)"
@@ -152,13 +152,12 @@ class ReplacingSupervisor(Supervisor):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(self.world_size),
                "LOCAL_WORLD_SIZE": str(self.world_size), "GROUP_RANK": "0",
                "TORCHELASTIC_RESTART_COUNT": str(generation), STORE_ENV: self._store_at}
-        self._procs[rank] = subprocess.Popen(
-            [sys.executable, "-u", "-m", "resilience.rank", str(self.config_path)], env=env)
+        self._procs[rank] = subprocess.Popen(self.rank_argv(), env=env)  # a replacement: the stub execs it cold
 
     def _spawn_spare(self) -> None:
         env = {**os.environ, "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.world_size),
                "GROUP_RANK": "0", SPARE_ENV: str(self._spares_started), STORE_ENV: self._store_at}
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.rank", str(self.config_path)], env=env)
+        proc = subprocess.Popen(cold_argv(self.config_path), env=env)  # a warm spare is its own technique
         self._spares.append((self._spares_started, proc))
         self._spares_started += 1
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from resilience.detectors.base import Detector
 from resilience.proc.orphans import adopt_orphans, kill_children, kill_sessions, remove_unreachable
+from resilience.proc.zygote import Zygote, cold_argv
 from resilience.record.events import EventLog, read_events
 from resilience.settings.identity import job_first_attempt
 from resilience.record.host_load import HostLoadSampler
@@ -56,6 +57,7 @@ class Supervisor(ABC):
     """Runs ``world_size`` rank processes of one experiment on this host, until done or out of restarts."""
 
     mode: str = "base"  # how it recovers, in the ``launch`` event: "restart_all" or "replace_failed"
+    zygote: Zygote | None = None  # where the first attempt's ranks are forked from (resilience.proc.zygote)
 
     def __init__(self, cfg: DictConfig, config_path: Path, strategy: CheckpointStrategy, detectors: list[Detector],
                  policy: RecoveryPolicy) -> None:
@@ -99,6 +101,8 @@ class Supervisor(ABC):
             # What the ranks leave on the host for recovery (e.g. in-memory snapshots) is the supervisor's to
             # remove: the ranks cannot, since they may die; it goes whatever the outcome.
             self.strategy.clean_up_run(self.run_dir)
+            if self.zygote is not None:  # ours, not an orphan: ended (it has, once its ranks have) and reaped
+                self.zygote.close()
             left = kill_children()
             left.update(kill_sessions(rank_pids(self.run_dir)))
             if left:  # a finding about the library that started them: recorded, not hidden
@@ -113,6 +117,11 @@ class Supervisor(ABC):
         events.emit("supervisor_end", outcome=outcome, signal=self.interrupted_by, fsync=True)
         events.close()
         return outcome
+
+    def rank_argv(self) -> list[str]:
+        """The command of a rank process: the stub that has it forked preloaded on the first attempt (and execs
+        the cold command on any later one), or the cold command itself."""
+        return self.zygote.rank_argv(self.config_path) if self.zygote is not None else cold_argv(self.config_path)
 
     def caveats(self) -> list[str]:
         """What the user should know before trusting this launcher's figures (printed as warnings at the start)."""

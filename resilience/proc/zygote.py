@@ -1,0 +1,192 @@
+"""The first attempt's rank processes forked from a preloaded interpreter: what a cell pays before its first step.
+
+A rank's start is mostly imports (torch, DDP's ``torch._dynamo``, DCP: ~1.9 s of a gpt_tiny cell's 8.8 s on 2 idle
+cores, docs/performance.md). The supervisor starts one *zygote* as early as it can (a fresh interpreter that imports
+what a rank imports, beside the supervisor's own imports on the other core) and the first attempt's ranks are forked
+from it, each a fresh child of an interpreter that has done nothing but import: no thread, no torch operation, no
+state of the supervisor. Every later start (a restart after a fault, a replacement, a spare) is a cold process
+start, as in production (the stub execs the ordinary rank command there), and a rank says which it was
+(``run_start``'s ``preloaded``; ``result.json``'s ``first_start``). ``supervisor.first_start=cold`` turns it off.
+
+The agent starts, watches and signals a small stub (``zygote_stub.py``, standard library only, ``python -S``: ~20
+ms) in the rank's place. The stub hands its stdio, environment and directory to the zygote, which forks the rank
+with them; the stub relays signals to it (SIGCONT too: a rank frozen by SIGSTOP must be resumed to be stopped) and
+ends as the rank ended (killed by the same signal, or with its exit code), so that the agent sees what it would
+have seen. The rank dies if its stub dies (a SIGKILL from the agent after the grace period); the zygote exits once
+the first attempt's ranks have ended, or when the supervisor does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import secrets
+import select
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launched it (its stub's parent)
+STUB = Path(__file__).with_name("zygote_stub.py")
+READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
+# What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
+PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.parallel", "torch.distributed.checkpoint",
+           "resilience.rank.main")
+
+
+def cold_argv(config_path: Path | str) -> list[str]:
+    return [sys.executable, "-u", "-m", "resilience.rank", str(config_path)]
+
+
+def launcher_pid() -> int:
+    """The process that launched this rank: its parent when started cold, its stub's parent when preloaded."""
+    return int(os.environ.get(LAUNCHER_ENV) or os.getppid())
+
+
+def preloaded() -> bool:
+    return LAUNCHER_ENV in os.environ
+
+
+class Zygote:
+    """The supervisor's handle on its zygote process: started early, asked for the first attempt's rank command."""
+
+    def __init__(self, proc: subprocess.Popen, name: str) -> None:
+        self.proc, self.name = proc, name
+        self._ready: bool | None = None
+
+    @classmethod
+    def start(cls, ranks: int, config_path: Path, modules: list[str]) -> Zygote:
+        """``config_path`` is only named on its command line, which the forked ranks keep: whatever finds a run's
+        processes by the config file they name (``resilience.proc.child``) finds these too."""
+        name = f"rb-zygote-{os.getpid()}-{secrets.token_hex(4)}"  # an abstract socket: nothing on disk to leave
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name, str(ranks),
+                                 str(config_path), *modules], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        return cls(proc, name)
+
+    def ready(self) -> bool:
+        """Whether the zygote listens (it says so once bound, before it imports): else the ranks start cold."""
+        if self._ready is None:
+            readable, _, _ = select.select([self.proc.stdout], [], [], READY_S)
+            self._ready = bool(readable) and self.proc.stdout.readline() == b"listening\n"
+        return self._ready
+
+    def rank_argv(self, config_path: Path | str) -> list[str]:
+        if not self.ready():
+            return cold_argv(config_path)
+        return [sys.executable, "-u", "-S", str(STUB), self.name, str(config_path)]
+
+    def close(self) -> None:
+        """End it (it has usually ended by itself once its ranks have) and reap it: it is no orphan of the run."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+def serve(name: str, ranks: int, modules: list[str]) -> None:
+    """The zygote: listen, import, then fork one rank per request until ``ranks`` have been started and have
+    ended (or the supervisor has). Single-threaded, so that a fork copies no lock held by another thread."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind("\0" + name)
+    listener.listen(ranks)
+    print("listening", flush=True)  # connections wait in the backlog while the imports run
+    for module in modules:
+        importlib.import_module(module)
+    supervisor = os.pidfd_open(os.getppid())
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears of each child's end
+    stubs: dict[int, socket.socket] = {}  # rank pid -> its stub's connection
+    started = 0
+    while started < ranks or stubs:
+        watched = [supervisor, wake_r] + ([listener] if started < ranks else [])
+        readable, _, _ = select.select(watched, [], [])
+        if supervisor in readable:
+            return  # its ranks watch their parent (resilience.rank.orphan): they clean up and die
+        if wake_r in readable:
+            os.read(wake_r, 512)
+            _report_ends(stubs)
+        if listener in readable:
+            conn, _ = listener.accept()
+            started += 1
+            pid = _fork_rank(conn, closing=[listener, supervisor, wake_r, wake_w])
+            if pid:
+                stubs[pid] = conn
+        if started == ranks and listener.fileno() >= 0:
+            listener.close()  # later starts are cold: a stub that finds no zygote execs the ordinary command
+
+
+def _report_ends(stubs: dict[int, socket.socket]) -> None:
+    while stubs:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        conn = stubs.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.send(json.dumps({"status": status}).encode())
+            except OSError:  # the stub is gone (killed): the rank died with it
+                pass
+            conn.close()
+
+
+def _fork_rank(conn: socket.socket, closing: list) -> int:
+    """Fork a rank for the stub on ``conn``; 0 if the request was unreadable (the stub then starts it cold)."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    if len(fds) != 3 or not data:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return 0
+    request = json.loads(data)
+    pid = os.fork()
+    if pid == 0:
+        _become_rank(request, fds, conn, closing)
+    for fd in fds:
+        os.close(fd)
+    conn.send(json.dumps({"pid": pid}).encode())
+    return pid
+
+
+def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: list) -> None:
+    """In the forked child: take the stub's place (stdio, environment, directory, session) and run the rank."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for thing in [*closing, conn]:
+            thing.close() if hasattr(thing, "close") else os.close(thing)
+        os.setsid()  # as torch's agent starts a rank: its own session
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[LAUNCHER_ENV] = str(request["launcher"])
+        from resilience.proc.lifeline import die_with
+
+        die_with(request["stub"])  # the agent's SIGKILL reaches the stub: the rank goes with it
+        sys.argv = ["resilience.rank", *request["args"]]  # argv[0] becomes the module's file, as with -m
+        import runpy
+
+        runpy.run_module("resilience.rank", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        from resilience.record.quick_exit import exit_code
+
+        code = exit_code(exc)
+    except BaseException:  # noqa: BLE001 (the rank's own traceback, as a cold rank would print it)
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), sys.argv[4:])  # argv[3]: the run's config, named for whoever looks
+    os._exit(0)  # its ranks have ended: nothing to flush, and no interpreter teardown after torch
