@@ -12,7 +12,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -129,7 +129,7 @@ def check_places(cfg: DictConfig, run_dir: Path, resume: Resume | None = None) -
         raise ConfigError(f"checkpoint.dir={cfg.checkpoint.dir}: in use by another run ({holder})")
 
 
-def precheck(argv: list[str]) -> Resume | None:
+def precheck(argv: list[str], on_composed: Callable[[DictConfig, Path], None] | None = None) -> Resume | None:
     """The whole validation, before Hydra creates anything: for every job of the command line (one, or each point
     of a ``--multirun`` sweep), compose, resolve, check where the run would go; the resume it asks for, if any."""
     if only_prints(argv):
@@ -147,8 +147,8 @@ def precheck(argv: list[str]) -> Resume | None:
         choices = {k: v for k, v in composed.hydra.runtime.choices.items() if not k.startswith("hydra")}
         with open_dict(composed):
             del composed["hydra"]
-        if not multirun:  # before validation imports torch, so that a rank's imports run beside ours
-            start_zygote(composed, run_dir / "config.yaml")
+        if on_composed is not None and not multirun:
+            on_composed(composed, run_dir)
         cfg = resolve(composed, run_dir, choices)
         resume = Resume.of(cfg, run_dir, names_run_dir(job), multirun)
         check_places(cfg, run_dir, resume)
@@ -170,7 +170,7 @@ def own_checkpoint_dir(cfg: DictConfig, run_dir: Path, resume: Resume | None = N
     return lock
 
 
-def start_zygote(cfg: DictConfig, config_path: Path) -> None:
+def start_zygote(cfg: DictConfig, run_dir: Path) -> None:
     """The interpreter the first attempt's ranks fork from (``supervisor.first_start=preloaded``, our launcher),
     started from the composed command of a single run; a sweep's runs start cold."""
     global _zygote
@@ -182,7 +182,7 @@ def start_zygote(cfg: DictConfig, config_path: Path) -> None:
     if wanted:
         from resilience.proc.zygote import PRELOAD, Zygote
 
-        _zygote = Zygote.start(ranks, config_path, [*PRELOAD, strategy])
+        _zygote = Zygote.start(ranks, run_dir / "config.yaml", [*PRELOAD, strategy])
 
 
 def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:
@@ -217,10 +217,17 @@ def cli() -> None:
     if any(a in HELP_FLAGS for a in sys.argv[1:]):
         print(help_text(CONF_DIR))
         return
-    argv = with_run_dir(sys.argv[1:])  # resume=DIR: the run directory is DIR
+    try:
+        _run(with_run_dir(sys.argv[1:]))  # resume=DIR: the run directory is DIR
+    finally:  # a run ends it with its supervisor; a command that ends before (an error) ends it here
+        if _zygote is not None:
+            _zygote.close()
+
+
+def _run(argv: list[str]) -> None:
     try:
         check_group_choices(argv)
-        resume = precheck(argv)
+        resume = precheck(argv, on_composed=start_zygote)  # before validation imports torch: beside it
     except (ConfigError, CommandLineError) as exc:
         _fail_config(exc)
     if resume is not None:  # Hydra's record of this job's command line beside the first job's, not over it

@@ -18,6 +18,7 @@ the first attempt's ranks have ended, or when the supervisor does.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 
 LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launched it (its stub's parent)
 STUB = Path(__file__).with_name("zygote_stub.py")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
 # What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
 PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.parallel", "torch.distributed.checkpoint",
@@ -63,7 +65,8 @@ class Zygote:
         processes by the config file they name (``resilience.proc.child``) finds these too."""
         name = f"rb-zygote-{os.getpid()}-{secrets.token_hex(4)}"  # an abstract socket: nothing on disk to leave
         proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name, str(ranks),
-                                 str(config_path), *modules], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+                                 str(os.getpid()), str(config_path), *modules],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         return cls(proc, name)
 
     def ready(self) -> bool:
@@ -79,23 +82,29 @@ class Zygote:
         return [sys.executable, "-u", "-S", str(STUB), self.name, str(config_path)]
 
     def close(self) -> None:
-        """End it (it has usually ended by itself once its ranks have) and reap it: it is no orphan of the run."""
+        """End it (it has usually ended by itself once its ranks have) and reap it: it is no orphan of the run.
+        Once; again is nothing."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         self.proc.stdout.close()
 
 
-def serve(name: str, ranks: int, modules: list[str]) -> None:
+def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> None:
     """The zygote: listen, import, then fork one rank per request until ``ranks`` have been started and have
     ended (or the supervisor has). Single-threaded, so that a fork copies no lock held by another thread."""
+    # Dies with the command that started it, whatever way that ends (a config error, an exception, SIGKILL): a
+    # zygote outliving it would hold ~300 MB each (the suite once filled the host's memory with them).
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != supervisor_pid:  # it ended before the line above
+        return
+    supervisor = os.pidfd_open(supervisor_pid)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind("\0" + name)
     listener.listen(ranks)
     print("listening", flush=True)  # connections wait in the backlog while the imports run
     for module in modules:
         importlib.import_module(module)
-    supervisor = os.pidfd_open(os.getppid())
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -188,5 +197,5 @@ def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: li
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), sys.argv[4:])  # argv[3]: the run's config, named for whoever looks
+    serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[5:])  # argv[4]: the run's config, named
     os._exit(0)  # its ranks have ended: nothing to flush, and no interpreter teardown after torch
