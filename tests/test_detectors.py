@@ -147,7 +147,8 @@ def test_rollback_after_an_exponent_flip_is_bit_exact(tmp_path):
               "detector=[process_exit,heartbeat,nonfinite,replica_fingerprint,ckpt_integrity]")
     ref = run_experiment(tmp_path / "ref", "fault=none", *common)
     hit = run_experiment(tmp_path / "hit", "fault=bitflip", "fault.target=weights", "fault.bit=exponent",
-                         "fault.rank=1", "fault.at_step=12", "recovery=rollback", *common)
+                         "fault.rank=1", "fault.at_step=12", "recovery=rollback",
+                         "detectors.replica_fingerprint.every=1", *common)  # a check every step: the rollback's step
     assert hit["detected"] and hit["detector"] == "replica_fingerprint"
     assert hit["detected_rank"] == 1 and hit["detected_rank_correct"]
     # last full check passed at 12 - 3 (a quarter of the moments per check): the newest checkpoint <= 9 is 5
@@ -213,3 +214,38 @@ def test_fingerprint_reads_the_touched_rows_now_and_every_byte_within_its_covera
     found = [p for p in range(position, position + d0.coverage_checks())
              if not torch.equal(d0.fingerprint(p), d1.fingerprint(p))]
     assert len(found) == 1 and d0.fingerprint(found[0])[0] == d1.fingerprint(found[0])[0]
+
+
+def test_fingerprint_every_auto_decides_alike_everywhere_and_a_later_rank_takes_the_decision(tmp_path):
+    """every=auto: the interval from the slowest rank's check over the fastest rank's step, within the budget; the
+    steps checked and the slices read are functions of the step and the decision, and a rank attached later (a
+    restart, a replacement) reads the decision rank 0 recorded."""
+    from resilience.detectors.replica_fingerprint import ReplicaFingerprint
+    from resilience.state.train import TrainState
+
+    model = torch.nn.Linear(4, 4)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    first = ReplicaFingerprint(budget=0.015, calibration=5)
+    first.attach(rt(tmp_path, rank=0), state)
+    assert [p for p in range(1, 6) if first.due(p)] == [1, 2, 3, 4, 5]  # calibrating: every step
+    first._decide(5, [[3000, 60000], [2000, 50000], [1000, 55000]])  # 3 ms over 1.5% of 50 ms: every 4
+    assert first.every == 4 and first.anchor == 5
+    assert [p for p in range(6, 20) if first.due(p)] == [9, 13, 17]
+    assert [first.check_number(p) for p in (5, 9, 13)] == [5, 6, 7]  # each check the next slice
+    later = ReplicaFingerprint()
+    later.attach(rt(tmp_path, rank=2), state)
+    assert (later.every, later.anchor) == (4, 5) and later.due(13) and not later.due(12)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "events.jsonl").touch()  # a run that has decided nothing yet
+    cheap = ReplicaFingerprint(budget=0.015)
+    cheap.attach(rt(tmp_path / "other", rank=1), state)
+    cheap._decide(5, [[100, 50000], [120, 50000]])  # 0.12 ms < 0.75 ms: every step
+    assert cheap.every == 1
+
+
+def test_fingerprint_every_is_auto_or_a_positive_integer():
+    from resilience.detectors.replica_fingerprint import ReplicaFingerprint
+
+    for bad in ("fast", 0, 1.5):
+        with pytest.raises(ValueError, match=r"detectors.replica_fingerprint.every="):
+            ReplicaFingerprint(every=bad)

@@ -29,6 +29,8 @@ DECLARED = {"elastic_agent_hooks": "resilience.supervise.elastic", "cuda_sleep_k
 NOT_WORKAROUNDS = {
     "resilience.bench.cell": "names torch._dynamo and torch._inductor.config only to time their import",
     "resilience.rank.spare": "imports torch._dynamo by name to pay early for the import DDP's constructor makes",
+    "resilience.proc.zygote": "names torch._dynamo and torch._inductor.config only to import what a rank imports, "
+                              "before its ranks are forked",
 }
 PRIVATE_NAME = re.compile(r"\btorch(?:\.\w+)*\._[a-zA-Z]")
 PRIVATE_ATTRIBUTES = {"_spec", "_local_tensor", "_pg_registry"}  # private attributes of torch objects met so far

@@ -15,6 +15,13 @@ What a check reads, so that its cost follows what the step touched and not the s
    each check reads the next ``max(slice_share x dense parameter bytes, slice_min_mb)``; the slice is a function of
    the check's number only, so every rank (a replacement included) reads the same bytes.
 
+How often: ``every=auto`` (the default) checks the first ``calibration`` steps, then every ``every`` steps where
+``every`` is the shortest interval whose checks cost at most ``budget`` (1.5%) of the step: the slowest rank's
+typical check over the fastest rank's typical step, both all-gathered with the fingerprints so that every rank
+decides the same; rank 0 records it (``fingerprint_interval``) and a rank started later (a restart, a replacement)
+takes it from the record. The detection latency is then up to ``every`` steps (gpt_tiny 2, dlrm_emb 5 on 2 CPU
+cores); an integer ``every`` checks at that fixed interval.
+
 Coverage: every byte of the state has been read within ``coverage_checks`` checks (``ceil(rest / slice)``), i.e.
 ``coverage_checks x every`` steps; rank 0 emits it (``fingerprint_coverage``) at its first check. A corrupted byte
 stays different on its replica, so it is found within that many checks, or at once if a step touches it first. On
@@ -26,6 +33,7 @@ on ``dlrm_emb`` (1.1 GB of tables and Adagrad sums, ~3,600 rows touched per step
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import Counter
 
@@ -35,9 +43,11 @@ import torch.distributed as dist
 from resilience.caps import DetectorCaps
 from resilience.settings.checks import require_int, require_number
 from resilience.detectors.base import Detection, Detector
+from resilience.record.events import read_events
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState
 
+MAX_EVERY = 64  # every=auto never checks less often than this (detection latency and coverage stay bounded)
 _INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
              torch.bfloat16: torch.int16}
 
@@ -89,6 +99,15 @@ def byte_window(tensors: list[torch.Tensor], start: int, length: int) -> list[to
     return views
 
 
+def _typical(samples: list[float]) -> float:
+    """The median, the first sample (warm-up) left out where there are others."""
+    return statistics.median(samples[1:] or samples) if samples else 0.0
+
+
+def _micros(seconds: float) -> int:
+    return int(round(seconds * 1e6))
+
+
 def sparse_grad_params(model: torch.nn.Module) -> set[int]:
     """The ids of the parameters whose gradient is sparse (``nn.Embedding``/``EmbeddingBag`` with ``sparse=True``)."""
     return {id(p) for m in model.modules() if getattr(m, "sparse", False) is True
@@ -99,13 +118,23 @@ class ReplicaFingerprint(Detector):
 
     caps = DetectorCaps(compares_ranks=True)  # all-gathers the fingerprints over the rank's process group
 
-    def __init__(self, every: int = 1, slice_share: float = 0.5, slice_min_mb: float = 2.0) -> None:
-        self.every = require_int("detectors.replica_fingerprint.every", every, 1)
+    def __init__(self, every: int | str = "auto", budget: float = 0.015, calibration: int = 5,
+                 slice_share: float = 0.5, slice_min_mb: float = 2.0) -> None:
+        self.auto = every == "auto"
+        if not self.auto and not isinstance(every, int):
+            raise ValueError(f"detectors.replica_fingerprint.every={every}: must be auto or an integer >= 1")
+        self.every = 1 if self.auto else require_int("detectors.replica_fingerprint.every", every, 1)
+        self.budget = require_number("detectors.replica_fingerprint.budget", budget, above=0)
+        self.calibration = require_int("detectors.replica_fingerprint.calibration", calibration, 1)
         self.slice_share = require_number("detectors.replica_fingerprint.slice_share", slice_share, above=0)
         self.slice_min_mb = require_number("detectors.replica_fingerprint.slice_min_mb", slice_min_mb, above=0)
         self.first_mismatch: int | None = None
         self._last_good = 0
         self._touched: dict[int, torch.Tensor] = {}
+        self.anchor: int | None = None  # every=auto: the step after which the decided interval applies
+        self._costs: list[float] = []  # this rank's checks (fingerprint + all-gather), seconds
+        self._periods: list[float] = []  # this rank's steps without the check, seconds
+        self._left_at: float | None = None  # when the last on_step_end returned
 
     def attach(self, rt: RankRuntime, state: TrainState) -> None:
         self.rt, self.state = rt, state
@@ -117,6 +146,10 @@ class ReplicaFingerprint(Detector):
         self.slice_bytes = max(int(self.slice_share * sum(nbytes(p) for p in self._dense)),
                                int(self.slice_min_mb * 1e6)) // 8 * 8
         self._stated = rt.rank != 0  # rank 0 states the coverage at its first check (Adam's state exists then)
+        if self.auto:  # a restarted or replacement rank takes the interval the run decided, as the others have
+            decided = [e for e in read_events(rt.run_dir) if e["kind"] == "fingerprint_interval"]
+            if decided:
+                self.every, self.anchor = int(decided[-1]["every"]), int(decided[-1]["anchor"])
 
     def coverage_checks(self) -> int:
         """Checks until every byte of the state has been read (the optimizer's state as it is now: an optimizer
@@ -134,44 +167,79 @@ class ReplicaFingerprint(Detector):
 
     def on_backward(self, step: int, loss: float, grad_norm: float | None) -> list[Detection]:
         # The rows the step's sparse gradients touch: the optimizer step clears the gradients before on_step_end.
-        if (step + 1) % self.every == 0:
+        if self.due(step + 1):
             # the set of rows, without coalescing the values (the optimizer does that; this is half the cost)
             self._touched = {id(p): torch.unique(p.grad._indices()[0]) for p in self._sparse
                              if p.grad is not None and p.grad.is_sparse}
         return []
 
+    def due(self, position: int) -> bool:
+        """Whether the step that ends at ``position`` is checked: a function of the step and the run's decided
+        interval only, so that every rank (a replacement included) checks the same steps."""
+        if self.anchor is None:
+            return position % self.every == 0
+        return position > self.anchor and (position - self.anchor) % self.every == 0
+
+    def check_number(self, position: int) -> int:
+        """Which slice of the rest the check at ``position`` reads (the same on every rank)."""
+        if self.anchor is None:
+            return position // self.every
+        return self.anchor + (position - self.anchor) // self.every
+
     def fingerprint(self, position: int) -> torch.Tensor:
         """[bits of what the step changed, bits of this check's slice of the rest]."""
+        check = self.check_number(position)
         changed = list(self._dense)
         for p in self._sparse:
             rows = self._touched.get(id(p))
             if rows is not None and rows.numel():
                 changed += [t.index_select(0, rows) for t in [p, *self._state_of(p)] if t.shape == p.shape]
         self._touched = {}
-        check = position // self.every
         return torch.stack([bit_sum(changed), bit_sum(byte_window(self._rest(), check * self.slice_bytes,
                                                                   self.slice_bytes))])
 
+    def _decide(self, position: int, costs: list[list[int]]) -> None:
+        """every=auto: from the ranks' typical check and step (all-gathered: the same numbers everywhere), the
+        shortest interval whose checks cost at most ``budget`` of the steps (the slowest check over the fastest
+        step). Rank 0 records it; a rank started later reads it (``attach``)."""
+        check_us = max(c for c, _ in costs)
+        step_us = min(p for _, p in costs) or 1
+        self.every = max(1, min(MAX_EVERY, math.ceil(check_us / (self.budget * step_us))))
+        self.anchor = position
+        if self.rt.rank == 0:
+            self.rt.events.emit("fingerprint_interval", every=self.every, anchor=position, check_s=check_us / 1e6,
+                                step_s=step_us / 1e6, budget=self.budget)
+
     def on_step_end(self, step: int) -> list[Detection]:
         position = step + 1
-        if position % self.every:
-            return []
         t0 = time.perf_counter()
+        if self._left_at is not None:
+            self._periods.append(t0 - self._left_at)
+        if not self.due(position):
+            self._left_at = time.perf_counter()
+            return []
         mine = self.fingerprint(position)
         t1 = time.perf_counter()
-        if not self._stated:
+        # Beside the two fingerprints (compared), this rank's typical check and step (never compared): what
+        # every=auto decides the interval from, the same numbers on every rank.
+        costs = [_micros(_typical(self._costs)), _micros(_typical(self._periods))]
+        gathered = [torch.empty(4, dtype=torch.int64) for _ in range(self.rt.world_size)]
+        dist.all_gather(gathered, torch.cat([mine, torch.tensor(costs, dtype=torch.int64)]))
+        prints = [tuple(g[:2].tolist()) for g in gathered]
+        t2 = time.perf_counter()
+        self._costs.append(t2 - t0)
+        if self.auto and self.anchor is None and position >= self.calibration:
+            self._decide(position, [g[2:].tolist() for g in gathered])
+        if not self._stated and (not self.auto or self.anchor is not None):
             self._stated = True
             checks = self.coverage_checks()
             self.rt.events.emit("fingerprint_coverage", every=self.every, slice_bytes=self.slice_bytes,
                                 rest_bytes=sum(nbytes(t) for t in self._rest()), coverage_checks=checks,
                                 coverage_steps=checks * self.every)
-        gathered = [torch.empty_like(mine) for _ in range(self.rt.world_size)]
-        dist.all_gather(gathered, mine)
-        prints = [tuple(g.tolist()) for g in gathered]
         # The check's own cost, in the run it slows: its share of the step period is the detector's overhead,
         # measured where host load tilts both alike (python -m resilience.bench.speed reads it).
-        self.rt.events.emit("fingerprint_check", step=position, compute_s=t1 - t0,
-                            gather_s=time.perf_counter() - t1)
+        self.rt.events.emit("fingerprint_check", step=position, compute_s=t1 - t0, gather_s=t2 - t1)
+        self._left_at = time.perf_counter()
         if len(set(prints)) == 1:
             if self.first_mismatch is None:
                 self._last_good = position

@@ -29,14 +29,14 @@ def _exit_after(rank_pid: int) -> None:
     except ProcessLookupError:
         os._exit(0)
     except (AttributeError, OSError):
-        while _alive(rank_pid):
+        while alive(rank_pid):
             time.sleep(POLL_S)
     else:
         select.select([fd], [], [])
     os._exit(0)  # the rank is gone: nothing is waiting for this helper's work, and nothing to flush
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -46,10 +46,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+_handed_over = threading.Event()
+
+
 def die_with(pid: int) -> None:
     """In a process that must not outlive ``pid`` (a preloaded rank and its stub): SIGKILL itself once it has
-    ended, as the stub's own death would have ended a cold rank."""
+    ended, until ``hand_over`` (the rank's own watch, which cleans up first, then takes the job)."""
     threading.Thread(target=_kill_self_after, args=(pid,), name="die-with-stub", daemon=True).start()
+
+
+def hand_over() -> None:
+    _handed_over.set()
 
 
 def _kill_self_after(pid: int) -> None:
@@ -58,8 +65,9 @@ def _kill_self_after(pid: int) -> None:
     except ProcessLookupError:
         pass
     except (AttributeError, OSError):
-        while _alive(pid):
+        while alive(pid):
             time.sleep(POLL_S)
     else:
         select.select([fd], [], [])
-    os.kill(os.getpid(), signal.SIGKILL)
+    if not _handed_over.is_set():
+        os.kill(os.getpid(), signal.SIGKILL)

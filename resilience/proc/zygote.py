@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launched it (its stub's parent)
+STUB_ENV = "RB_STUB_PID"  # in a preloaded rank: the process the launcher started for it
 STUB = Path(__file__).with_name("zygote_stub.py")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
@@ -46,6 +47,11 @@ def cold_argv(config_path: Path | str) -> list[str]:
 def launcher_pid() -> int:
     """The process that launched this rank: its parent when started cold, its stub's parent when preloaded."""
     return int(os.environ.get(LAUNCHER_ENV) or os.getppid())
+
+
+def stub_pid() -> int | None:
+    """The stub of a preloaded rank (None for a cold one: it is its own stub)."""
+    return int(os.environ[STUB_ENV]) if STUB_ENV in os.environ else None
 
 
 def preloaded() -> bool:
@@ -176,6 +182,7 @@ def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: li
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ[LAUNCHER_ENV] = str(request["launcher"])
+        os.environ[STUB_ENV] = str(request["stub"])
         from resilience.proc.lifeline import die_with
 
         die_with(request["stub"])  # the agent's SIGKILL reaches the stub: the rank goes with it

@@ -47,8 +47,7 @@ def main(zygote, config):
     for signum in RELAYED:
         signal.signal(signum, relay)
     reply = sock.recv(4096)
-    if not reply:  # the zygote died before the rank: nothing can say how it ended
-        relay(signal.SIGKILL, None)
+    if not reply:  # the zygote died before the rank (with the supervisor): the rank cleans up and dies of it
         os._exit(1)
     code = os.waitstatus_to_exitcode(json.loads(reply)["status"])
     if code < 0:  # killed: the agent must see the same signal (process_exit names it)

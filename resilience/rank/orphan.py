@@ -15,17 +15,21 @@ import threading
 import time
 from typing import Callable
 
+from resilience.proc.lifeline import alive, hand_over
 from resilience.proc.orphans import kill_children
+from resilience.proc.zygote import stub_pid
 
 POLL_S = 0.2
 
 
 def die_with_parent(clean_up: Callable[[], None]) -> None:
-    """Start watching this process's parent; ``clean_up`` runs once if it dies, then this process is SIGKILLed."""
-    parent = os.getppid()
+    """Start watching this process's parent; ``clean_up`` runs once if it dies, then this process is SIGKILLed.
+    A preloaded rank (resilience.proc.zygote) watches its stub too: the process the supervisor started for it."""
+    parent, stub = os.getppid(), stub_pid()
+    hand_over()  # the zygote's early watch of the stub would kill without cleaning up
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and (stub is None or alive(stub)):
             time.sleep(POLL_S)
         try:
             kill_children()  # a library's worker processes would outlive this rank

@@ -151,6 +151,9 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
 _DETECTOR: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("fingerprint_coverage", ("every", "slice_bytes", "rest_bytes", "coverage_checks", "coverage_steps"),
      "replica_fingerprint: how much of the state a check covers, and in how many steps all of it"),
+    ("fingerprint_interval", ("every", "anchor", "check_s", "step_s", "budget"),
+     "replica_fingerprint every=auto: the interval decided after step `anchor` from the slowest check and the fastest "
+     "step (rank 0)"),
     ("fingerprint_check", ("compute_s", "gather_s"), "replica_fingerprint: the cost of one check"),
 )
 for _emitters, _group in ((("supervisor",), _SUPERVISOR), (("rank",), _RANK), (("strategy",), _STRATEGY),
