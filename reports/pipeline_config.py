@@ -73,8 +73,13 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     if str(config.get("rerun_noisy", "false")).lower() in TRUE:
         # Cells measured on a busy host run again; what they measured is kept aside, never deleted. Before the
         # snapshot is chosen below: those cells are then cells to run.
-        for name in set_aside_noisy(Path(results), [c.dir for c in matrix.cells]):
+        aside = set_aside_noisy(Path(results), [c.dir for c in matrix.cells])
+        for name in aside:
             print(f"rerun_noisy: {name} was measured on a busy host; kept in {results}/noisy/, it runs again")
+        if aside:  # else Snakemake sees the summary newer than what is left and reruns nothing (its done.json is
+            # an intermediate file to it): the summary is made again from the cells, the noisy ones run again first
+            for derived in ("summary.csv", "summary.parquet"):
+                Path(results, derived).unlink(missing_ok=True)
     run_dirs = [Path(f"{results}/runs/{c.dir}") for c in matrix.cells]
     cells_to_run = any(not (d / "done.json").exists() for d in run_dirs)
     # The limits snapshot of this pipeline run (reports/limits.py): a new one when cells are about to run (unless one

@@ -134,3 +134,25 @@ def test_rerun_noisy_sets_only_noisy_cells_aside_and_keeps_them(tmp_path):
     assert not (tmp_path / "runs" / "a").exists() and (tmp_path / "runs" / "b" / "done.json").exists()
     kept = list((tmp_path / "noisy").iterdir())
     assert len(kept) == 1 and kept[0].name.startswith("a-") and (kept[0] / "result.json").exists()
+
+
+def test_rerun_noisy_makes_the_summary_again_so_that_the_cells_set_aside_run_again(tmp_path, monkeypatch):
+    """Without it Snakemake sees a summary newer than the cells left and reruns nothing: the noisy cell was moved
+    aside and never measured again (found on a `make run`, 2026-11-27)."""
+    import json
+
+    from reports.matrix import load_matrix
+    from reports.pipeline_config import pipeline_config
+
+    for key in ("RB_PROBE", "RB_ENVIRONMENT", "RB_DATA_DIR", "PATH"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+    cells = [c.dir for c in load_matrix("smoke").cells]
+    for name in cells:
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "done.json").write_text(json.dumps({"cell": name, "validity": "valid"}))
+    (tmp_path / "summary.csv").write_text("cell\n")
+    pipeline_config({"matrix": "smoke", "results": str(tmp_path), "rerun_noisy": "true"})
+    assert (tmp_path / "summary.csv").exists()  # nothing noisy: nothing to make again
+    (tmp_path / "runs" / cells[0] / "done.json").write_text(json.dumps({"cell": cells[0], "validity": "noisy"}))
+    pipeline_config({"matrix": "smoke", "results": str(tmp_path), "rerun_noisy": "true"})
+    assert not (tmp_path / "summary.csv").exists() and not (tmp_path / "runs" / cells[0]).exists()
