@@ -223,8 +223,9 @@ class ReplicaFingerprint(Detector):
         # Beside the two fingerprints (compared), this rank's typical check and step (never compared): what
         # every=auto decides the interval from, the same numbers on every rank.
         costs = [_micros(_typical(self._costs)), _micros(_typical(self._periods))]
-        gathered = [torch.empty(4, dtype=torch.int64) for _ in range(self.rt.world_size)]
-        dist.all_gather(gathered, torch.cat([mine, torch.tensor(costs, dtype=torch.int64)]))
+        payload = torch.cat([mine, torch.tensor(costs, dtype=torch.int64, device=mine.device)])  # CUDA too
+        gathered = [torch.empty_like(payload) for _ in range(self.rt.world_size)]
+        dist.all_gather(gathered, payload)
         prints = [tuple(g[:2].tolist()) for g in gathered]
         t2 = time.perf_counter()
         self._costs.append(t2 - t0)
