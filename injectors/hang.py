@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from injectors.base import Injector
+from resilience.proc.orphans import killed_with_parent
 from resilience.record.torch_workarounds import declare
 
 MODES = ("stall", "sigstop", "gil", "gpu_sleep")
@@ -77,7 +78,6 @@ class Hang(Injector):
             self._waker = None
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _resume_later(seconds: float) -> int:
@@ -87,7 +87,7 @@ def _resume_later(seconds: float) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            killed_with_parent()
             deadline = time.monotonic() + seconds
             while os.getppid() == parent and time.monotonic() < deadline:
                 time.sleep(min(0.1, seconds))

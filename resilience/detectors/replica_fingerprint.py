@@ -213,7 +213,8 @@ class ReplicaFingerprint(Detector):
     def on_step_end(self, step: int) -> list[Detection]:
         position = step + 1
         t0 = time.perf_counter()
-        if self._left_at is not None:
+        deciding = self.auto and self.anchor is None  # only then are the costs sampled: nothing grows after it
+        if deciding and self._left_at is not None:
             self._periods.append(t0 - self._left_at)
         if not self.due(position):
             self._left_at = time.perf_counter()
@@ -221,15 +222,16 @@ class ReplicaFingerprint(Detector):
         mine = self.fingerprint(position)
         t1 = time.perf_counter()
         # Beside the two fingerprints (compared), this rank's typical check and step (never compared): what
-        # every=auto decides the interval from, the same numbers on every rank.
-        costs = [_micros(_typical(self._costs)), _micros(_typical(self._periods))]
+        # every=auto decides the interval from, the same numbers on every rank (zeros once it has decided).
+        costs = [_micros(_typical(self._costs)), _micros(_typical(self._periods))] if deciding else [0, 0]
         payload = torch.cat([mine, torch.tensor(costs, dtype=torch.int64, device=mine.device)])  # CUDA too
         gathered = [torch.empty_like(payload) for _ in range(self.rt.world_size)]
         dist.all_gather(gathered, payload)
         prints = [tuple(g[:2].tolist()) for g in gathered]
         t2 = time.perf_counter()
-        self._costs.append(t2 - t0)
-        if self.auto and self.anchor is None and position >= self.calibration:
+        if deciding:
+            self._costs.append(t2 - t0)
+        if deciding and position >= self.calibration:
             self._decide(position, [g[2:].tolist() for g in gathered])
         if not self._stated and (not self.auto or self.anchor is not None):
             self._stated = True

@@ -24,16 +24,22 @@ def outlive_notice(rank_pid: int, name: str) -> None:
 
 
 def _exit_after(rank_pid: int) -> None:
-    try:
-        fd = os.pidfd_open(rank_pid)
-    except ProcessLookupError:
-        os._exit(0)
-    except (AttributeError, OSError):
-        while alive(rank_pid):
-            time.sleep(POLL_S)
-    else:
-        select.select([fd], [], [])
+    wait_gone(rank_pid)
     os._exit(0)  # the rank is gone: nothing is waiting for this helper's work, and nothing to flush
+
+
+def wait_gone(pid: int) -> None:
+    """Return once ``pid`` has ended (its pidfd is readable then, a zombie's too; polled where there is none)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        while alive(pid):
+            time.sleep(POLL_S)
+        return
+    select.select([fd], [], [])
+    os.close(fd)
 
 
 def alive(pid: int) -> bool:
@@ -60,14 +66,6 @@ def hand_over() -> None:
 
 
 def _kill_self_after(pid: int) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        pass
-    except (AttributeError, OSError):
-        while alive(pid):
-            time.sleep(POLL_S)
-    else:
-        select.select([fd], [], [])
+    wait_gone(pid)
     if not _handed_over.is_set():
         os.kill(os.getpid(), signal.SIGKILL)

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def adopt_orphans() -> bool:
@@ -26,6 +27,13 @@ def adopt_orphans() -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def killed_with_parent() -> None:
+    """SIGKILL this process when the thread that started it ends (Linux; elsewhere nothing): for a helper that
+    must never outlive its starter, however the starter ends."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _live(keep: Callable[[int, int], bool]) -> dict[int, str]:

@@ -18,7 +18,6 @@ the first attempt's ranks have ended, or when the supervisor does.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -30,10 +29,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from resilience.proc.orphans import killed_with_parent
+
 LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launched it (its stub's parent)
 STUB_ENV = "RB_STUB_PID"  # in a preloaded rank: the process the launcher started for it
 STUB = Path(__file__).with_name("zygote_stub.py")
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
 # What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
 PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.parallel", "torch.distributed.checkpoint",
@@ -101,7 +101,7 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
     ended (or the supervisor has). Single-threaded, so that a fork copies no lock held by another thread."""
     # Dies with the command that started it, whatever way that ends (a config error, an exception, SIGKILL): a
     # zygote outliving it would hold ~300 MB each (the suite once filled the host's memory with them).
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    killed_with_parent()
     if os.getppid() != supervisor_pid:  # it ended before the line above
         return
     supervisor = os.pidfd_open(supervisor_pid)
