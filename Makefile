@@ -80,11 +80,13 @@ clean:
 	rm -rf results outputs .pytest_cache
 
 # A lent GPU machine (docs/gpu.md): its own Python 3.12 and torch, no network, 64 MiB carried along. `make gpu-wheels`
-# here downloads the pure-Python dependencies (and the libraries' cp312 wheels) at the lock's versions into .whl/
-# (git-ignored); `make gpu-check` there installs them, no dependencies, and runs python -m resilience.bench.gpu_check
-# (about 4 minutes on one H100); `make gpu-check GPU_CHECK=--dry-run` anywhere composes its plan and runs nothing.
+# here downloads the pure-Python dependencies and the cp312 manylinux wheels of the compiled ones (the libraries',
+# xxhash's) at the lock's versions into .whl/ (git-ignored): every name is fetched with the same cp312/manylinux
+# tags, so a compiled dependency needs only its name in GPU_WHEELS. `make gpu-check` there installs them, no
+# dependencies, and runs python -m resilience.bench.gpu_check (about 4 minutes on one H100);
+# `make gpu-check GPU_CHECK=--dry-run` anywhere composes its plan and runs nothing.
 GPU_WHEELS := hydra-core omegaconf torchsnapshot dlrover nvidia-resiliency-ext torchdata Deprecated defusedxml \
-              importlib_metadata lazy-importer nest-asyncio
+              importlib_metadata lazy-importer nest-asyncio xxhash
 GPU_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp $(foreach n,17 24 27 28 31 34 35 39,\
             --platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64
 GPU_CHECK ?=
@@ -100,7 +102,7 @@ gpu-check:
 	bash workflow/gpu/check.sh $(GPU_CHECK)
 
 # The projection checked against a measured failure trace (docs/projection.md, "The failure trace"): per compared
-# technique two fit runs and one 1,000-step run under a seeded trace; about 13 minutes on 2 idle cores.
+# technique two fit runs and one 3,000-step run under a seeded trace of ~60 failures (docs/projection.md: its time).
 .PHONY: trace
 trace: $(STAMP)
-	$(PY) -m resilience.bench.trace --steps 3000 --mtbf-steps 100
+	$(PY) -m resilience.bench.trace --steps 3000 --mtbf-steps 50

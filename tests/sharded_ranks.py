@@ -117,7 +117,7 @@ def check_snapshots(state, tmp: str) -> None:
             assert isinstance(c, DTensor) and c.placements == t.placements and c.shape == t.shape, key
             assert torch.equal(c.to_local(), t.to_local()) and c.to_local().data_ptr() != t.to_local().data_ptr()
     codec = StateCodec()
-    data_len, meta, fill = codec.encode(snapshot_state(state), crc=False)
+    data_len, meta, fill = codec.encode(snapshot_state(state), checksum=False)
     buf = torch.empty(data_len, dtype=torch.uint8)
     fill(buf)
     assert data_len < sum(t.numel() * t.element_size() for t in tensor_leaves(state.full_state_dict()).values())

@@ -94,7 +94,7 @@ def damaged(tmp_path, how: str) -> CheckpointDir:
         (newest / COMMIT_MARKER).write_text('{"step": 10, "files": ')
     elif how == "commit_without_checksums":
         record = json.loads((newest / COMMIT_MARKER).read_text())
-        del record["crc32"]
+        del record["sums"]
         (newest / COMMIT_MARKER).write_text(json.dumps(record))
     return dirs
 

@@ -164,14 +164,40 @@ def test_no_worker_process_survives_close(tokens):
 
 
 KILLED_RANK = """
-import json, multiprocessing, sys, time
+import json, multiprocessing, multiprocessing.forkserver, sys, time
+from resilience.data import fork_server
 from resilience.data.dataset import TokenWindows
 from resilience.data.loader import LoaderData
+forked = sys.argv[2] == "forked" and fork_server.start()
 data = LoaderData(TokenWindows(sys.argv[1], 16, 40), rank=0, world_size=2, batch_size=4, num_workers=2)
 data.next_batch()
-print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
+server = multiprocessing.forkserver._forkserver._forkserver_pid
+print(json.dumps([p.pid for p in multiprocessing.active_children()] + [server]), flush=True)
 time.sleep(60)
 """
+
+BATCHES = """
+import hashlib, multiprocessing.forkserver, os, sys
+from resilience.data import fork_server
+from resilience.data.dataset import TokenWindows
+from resilience.data.loader import LoaderData
+forked = sys.argv[2] == "forked" and fork_server.start()
+server = multiprocessing.forkserver._forkserver._forkserver_pid
+with LoaderData(TokenWindows(sys.argv[1], 16, 40), rank=0, world_size=2, batch_size=4, num_workers=2) as data:
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for _ in range(12) for t in data.next_batch()))
+parent = open(f"/proc/{server}/stat").read().rsplit(")", 1)[1].split()[1] if forked else None
+print(forked, parent == str(os.getpid()) if forked else None, digest.hexdigest())
+"""
+
+
+def test_a_fork_server_forked_from_the_rank_serves_the_same_batches(tokens):
+    """data.fork_server: the server forked from the rank (its child) yields the batches the stdlib's server does,
+    across an epoch's rollover (12 batches of an epoch of 5)."""
+    out = {how: subprocess.run([sys.executable, "-W", "ignore", "-c", BATCHES, str(tokens), how], text=True,
+                               capture_output=True, timeout=120, check=True).stdout.split()
+           for how in ("forked", "stdlib")}
+    assert out["forked"][:2] == ["True", "True"] and out["stdlib"][:2] == ["False", "None"]
+    assert out["forked"][2] == out["stdlib"][2]
 
 
 def ended(pid: int) -> bool:
@@ -181,16 +207,18 @@ def ended(pid: int) -> bool:
         return True
 
 
-def test_the_workers_of_a_killed_rank_end_with_it(tokens):
-    """A SIGKILLed rank runs no close(); its fork-server workers would outlive it but for die_with_rank."""
-    rank = subprocess.Popen([sys.executable, "-W", "ignore", "-c", KILLED_RANK, str(tokens)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+@pytest.mark.parametrize("server", ["stdlib", "forked"])
+def test_the_workers_of_a_killed_rank_end_with_it(tokens, server):
+    """A SIGKILLed rank runs no close(); its fork-server workers would outlive it but for die_with_rank, and the
+    server (forked from the rank, or the stdlib's) ends with it too."""
+    rank = subprocess.Popen([sys.executable, "-W", "ignore", "-c", KILLED_RANK, str(tokens), server],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         workers = json.loads(rank.stdout.readline())
     finally:
         rank.kill()
         rank.wait()
-    assert len(workers) == 2
+    assert len(workers) == 3  # two workers and their server
     deadline = time.monotonic() + 10
     while not all(map(ended, workers)) and time.monotonic() < deadline:
         time.sleep(0.05)

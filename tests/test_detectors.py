@@ -125,7 +125,7 @@ def test_ckpt_integrity_skips_a_corrupt_checkpoint_for_the_previous(tmp_path, ru
     shutil.copytree(runs_root / "reference" / "ckpt", ckpt)
     dirs = CheckpointDir(ckpt)
     newest = dirs.newest_committed()
-    assert newest.step == 25 and dirs.manifest(newest)["crc32"]
+    assert newest.step == 25 and dirs.manifest(newest)["sums"]
     det = CkptIntegrity()
     runtime = dataclasses.replace(rt(tmp_path), ckpt_rejected=det.rejection_report())  # the service it provides
     det.attach(runtime, None)

@@ -53,22 +53,41 @@ def test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_sta
     assert result["status"] == "ok" and result["final_state_sha256"] == fault_free["final_state_sha256"]
 
 
+def both(lags: list[float]) -> dict[str, list[float]]:
+    return {"kill": lags, "node_loss": lags}
+
+
 def test_the_predictions_lose_the_steps_since_the_newest_durable_checkpoint():
     costs = RunCosts(steps=100, every=5, step_s=0.09, step_wall_s=0.1, stall_s=0.05, startup_s=5.0,
                      teardown_s=1.0, recovery_s=3.0)
-    plan = [12, 21]  # 2 and 1 steps after a checkpoint
-    sync = bench.predict(costs, [-0.005, 0.0], plan)["schedule"]
+    plan = {12: "node_loss", 21: "node_loss"}  # 2 and 1 steps after a checkpoint
+    sync = bench.predict(costs, both([-0.005, 0.0]), plan)["schedule"]
     assert sync["lost_steps"] == 3  # durable before training went on
-    lagging = bench.predict(costs, [0.35], plan)["schedule"]  # 3.5 steps of persisting after the stall
+    lagging = bench.predict(costs, both([0.35]), plan)["schedule"]  # 3.5 steps of persisting after the stall
     assert lagging["lost_steps"] == 3 + 2 * 5  # both struck before their newest checkpoint was durable
     # lags of 2 and 3 steps after the stall: the one struck 1 step after its checkpoint loses that interval too
     # whichever lag it met, the one 2 steps after it in half of them
-    mixed = bench.predict(costs, [0.2, 0.3], plan)["schedule"]
+    mixed = bench.predict(costs, both([0.2, 0.3]), plan)["schedule"]
     assert mixed["lost_steps"] == pytest.approx(3 + 5 + 0.5 * 5)
-    closed = bench.predict(costs, [0.0], plan)["closed form"]
+    closed = bench.predict(costs, both([0.0]), plan)["closed form"]
     assert closed["lost_steps"] == pytest.approx(2 * 2.0) and 0 < closed["ettr"] < 0.9
-    closed = bench.predict(costs, [0.2], plan)["closed form"]  # a 2-step lag: 2 steps more per failure
+    closed = bench.predict(costs, both([0.2]), plan)["closed form"]  # a 2-step lag: 2 steps more per failure
     assert closed["lost_steps"] == pytest.approx(2 * 4.0)
+
+
+def test_each_failure_kind_races_its_own_lag():
+    """In-memory: a killed rank's own snapshot (committed soon after the stall) outlives its process; a node loss
+    needs the peer's copy, which lags longer. Each planned failure meets the lag of its kind."""
+    costs = RunCosts(steps=100, every=5, step_s=0.09, step_wall_s=0.1, stall_s=0.05, startup_s=5.0,
+                     teardown_s=1.0, recovery_s=3.0)
+    lags = {"kill": [0.001], "node_loss": [0.35]}
+    kill = bench.predict(costs, lags, {21: "kill"})
+    node = bench.predict(costs, lags, {21: "node_loss"})
+    assert kill["schedule"]["lost_steps"] == 1 and node["schedule"]["lost_steps"] == 1 + 5
+    assert kill["closed form"]["lost_steps"] == pytest.approx(2.0 + 0.01)
+    assert node["closed form"]["lost_steps"] == pytest.approx(2.0 + 3.5)
+    half = bench.predict(costs, lags, {21: "kill", 31: "node_loss"})["closed form"]  # the mix weighs the lags
+    assert half["lost_steps"] == pytest.approx(2 * (2.0 + (0.01 + 3.5) / 2))
 
 
 def test_step_costs_are_fitted_on_the_fault_free_runs_and_r_on_the_recoveries():
@@ -76,5 +95,6 @@ def test_step_costs_are_fitted_on_the_fault_free_runs_and_r_on_the_recoveries():
         return {"step_s": step_wall_s, "step_wall_s": step_wall_s, "stall_s": 0.1, "startup_s": 5.0,
                 "teardown_s": 1.0, "faults": faults, "recoveries_s": recoveries}
 
-    costs, lags = bench.fitted_costs([fit_run(0.06, 0, []), fit_run(0.09, 3, [2.0, 3.0, 4.0])], [], 100)
-    assert costs.step_wall_s == 0.06 and costs.recovery_s == 3.0 and lags == [0.0]
+    costs, lags = bench.fitted_costs([fit_run(0.06, 0, []), fit_run(0.09, 3, [2.0, 3.0, 4.0])],
+                                     {"kill": [], "node_loss": [0.1]}, 100)
+    assert costs.step_wall_s == 0.06 and costs.recovery_s == 3.0 and lags == {"kill": [0.0], "node_loss": [0.1]}

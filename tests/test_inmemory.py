@@ -4,7 +4,6 @@ no /dev/shm file left behind."""
 
 from __future__ import annotations
 
-import zlib
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from resilience.record.events import EventLog, read_events
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState, state_sha256
 from resilience.ckpt import node_memory, shm_store
+from resilience.ckpt.digest import CURRENT
 from resilience.strategies.inmemory import InMemoryCheckpoint
 from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import Area
@@ -26,14 +26,17 @@ from resilience.workloads.gpt import GPTWorkload
 def fill_with(value: int):
     def fill(buf: torch.Tensor) -> int:
         buf.fill_(value)
-        return zlib.crc32(memoryview(buf.numpy()))
+        running = CURRENT.new()
+        running.update(memoryview(buf.numpy()))
+        return running.value
     return fill
 
 
 def read_back(area: Area, info) -> tuple[torch.Tensor, bool]:
-    """The slot's data as a restarted rank reads it, and whether it matches its CRC32."""
-    dst = torch.empty(info.data_len, dtype=torch.uint8)
-    return dst, area.read_into(info, 0, dst, 0) == info.crc
+    """The slot's data as a restarted rank reads it, and whether it matches its checksum."""
+    dst, running = torch.empty(info.data_len, dtype=torch.uint8), CURRENT.new()
+    area.read_into(info, 0, dst, running)
+    return dst, running.value == info.checksum
 
 
 # ---- areas ---------------------------------------------------------------------------------------------------------
@@ -189,17 +192,17 @@ def test_save_load_round_trip_through_memory_then_disk_after_a_wipe(one_rank):
 
 
 @pytest.mark.timeout(60)
-def test_corrupt_snapshot_fails_its_crc_and_disk_is_used(one_rank):
+def test_corrupt_snapshot_fails_its_checksum_and_disk_is_used(one_rank):
     run_dir = one_rank
     state = trained_state(2)
     saver = strategy_on(run_dir, 0, persist_every=2, verify=True)
     saver.save(2, 10, state)  # memory and disk
     saver.save(3, 10, state)  # memory only
-    saver.wait()  # the snapshot's CRC32 and commit follow the stall
+    saver.wait()  # the snapshot's checksum and commit follow the stall
     expected = state_sha256(state.state_dict())
     info = saver.own.find(3)
     view = saver.own.view(shm_store.PAGE + info.index * saver.own.slot_cap + 100, 1)
-    view.add_(1)  # one byte of step 3's data changes after its CRC was written
+    view.add_(1)  # one byte of step 3's data changes after its checksum was written
     del view
     saver.close()
     loader = strategy_on(run_dir, 1, verify=True)
@@ -207,7 +210,7 @@ def test_corrupt_snapshot_fails_its_crc_and_disk_is_used(one_rank):
     events = read_events(run_dir)
     assert [e["step"] for e in events if e["kind"] == "ckpt_memory_corrupt"] == [3]
     assert [e["source"] for e in events if e["kind"] == "ckpt_loaded"] == ["disk"]
-    assert "CRC32" in next(e["reason"] for e in events if e["kind"] == "ckpt_memory_fallback")
+    assert "checksum" in next(e["reason"] for e in events if e["kind"] == "ckpt_memory_fallback")
     area = Area.open(loader.own_path)
     assert [s.step for s in area.slots()] == [2]  # the bad one is gone for good
     area.close()
@@ -277,23 +280,23 @@ def test_unrecovered_run_leaves_no_segment(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_only_the_copy_is_inside_the_stall_the_crc_and_commit_follow_it(one_rank, monkeypatch):
+def test_only_the_copy_is_inside_the_stall_the_checksum_and_commit_follow_it(one_rank, monkeypatch):
     import threading
 
     release = threading.Event()
-    real = Area.crc32
+    real = Area.checksum
 
     def held(self, *args, **kwargs):
-        assert release.wait(30), "the test never released the CRC32"
+        assert release.wait(30), "the test never released the checksum"
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Area, "crc32", held)
+    monkeypatch.setattr(Area, "checksum", held)
     saver = strategy_on(one_rank, 0, persist_every=1000)
     saver.save(2, 10, trained_state(2))  # returns: the stall is over
     assert saver.own.slots() == []  # the slot is written but neither summed nor committed yet
     assert [e["kind"] for e in read_events(one_rank)][-1] == "ckpt_stall_end"
     release.set()
     saver.wait()
-    assert [s.step for s in saver.own.slots()] == [2] and saver.own.find(2).crc is not None
+    assert [s.step for s in saver.own.slots()] == [2] and saver.own.find(2).checksum is not None
     saver.close()
     saver.rt.events.close()

@@ -24,7 +24,8 @@ DECLARED = {"elastic_agent_hooks": "resilience.supervise.elastic", "cuda_sleep_k
             "dlrover_engine_internals": "resilience.strategies.dlrover_flash",
             "dcp_daemon_target": "resilience.strategies.dcp_async",
             "nvrx_worker_target": "resilience.strategies.nvrx_async",
-            "dlrover_saver_target": "resilience.strategies.dlrover_flash"}
+            "dlrover_saver_target": "resilience.strategies.dlrover_flash",
+            "loader_fork_server": "resilience.data.fork_server"}
 # Modules that name a private torch module without relying on anything in it: no workaround to declare.
 NOT_WORKAROUNDS = {
     "resilience.bench.cell": "names torch._dynamo and torch._inductor.config only to time their import",
@@ -103,7 +104,8 @@ def test_the_registry_lists_every_workaround_with_its_reason_and_versions():
 
 def test_every_module_that_touches_torch_internals_declares_a_workaround():
     found = touching_modules()
-    libraries = ("dlrover_engine_internals", "nvrx_worker_target", "dlrover_saver_target")  # not torch's
+    libraries = ("dlrover_engine_internals", "nvrx_worker_target", "dlrover_saver_target",  # not torch's
+                 "loader_fork_server")
     of_torch = {m for name, m in DECLARED.items() if name not in libraries}
     assert of_torch <= set(found), "the check no longer sees a known use"
     undeclared = sorted(set(found) - set(DECLARED.values()) - set(NOT_WORKAROUNDS))

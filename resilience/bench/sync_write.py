@@ -1,11 +1,11 @@
 """``python -m resilience.bench.sync_write``: sync's durable write bandwidth against the probed disk, in one run.
 
 Two gloo ranks hold a workload's state (``dlrm_emb``: 1.13 GB per replica; each rank writes its half) and save it
-the way ``sync`` does (``SyncCheckpoint._save``: DCP with the CRC32 in the write path, every file fsynced, rank 0's
+the way ``sync`` does (``SyncCheckpoint._save``: DCP with the checksum in the write path, every file fsynced, rank 0's
 atomic commit), timed from the start of the save until the commit is durable on every rank. Each round interleaves,
 on the same disk: a probe sample as ``resilience.bench.probe`` takes it (1 GiB, one stream, fsync), a probe sample
 split over as many streams as the save writes files at once, the writer as it was before (one file per rank, the
-CRC32 serial with each write), two files per rank with the CRC32 in line, and the writer as it is. A shared virtual disk's speed moves by 2-4x within minutes,
+checksum serial with each write), two files per rank with the checksum in line, and the writer as it is. A shared virtual disk's speed moves by 2-4x within minutes,
 so each ratio is taken between neighbours in one round and the median over rounds is reported.
 
 ``measure(...)`` returns the figures (for ``resilience.bench.speed``); ``main`` prints them as a table.
@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-# one file per rank and the CRC32 in line (before issue 16); two files per rank, CRC32 in line; the writer as it is
+# one file per rank and the checksum in line (before issue 16); two files per rank, checksum in line; the writer now
 WRITERS = ("before", "2files", "now")
 
 

@@ -5,7 +5,7 @@ the run measured: the wall time to N steps (the first step's start to the last s
 
     python -m resilience.bench.trace [--strategies sync,async,inmemory] [--steps 200] [--mtbf-steps 40]
                                      [--seed 11] [--out results/trace] [OVERRIDE ...]
-    make trace: --steps 3000 --mtbf-steps 100 (~30 failures, ~7 minutes a technique on 2 cores)
+    make trace: --steps 3000 --mtbf-steps 50 (~60 failures: a lost-work figure a few failures cannot swing)
 
 Every cost a prediction uses is fitted on runs that are not the trace run (no parameter of a technique is taken
 from its own trace run): per technique a fault-free run and a run with kills at a known rate (80 steps each) give
@@ -65,7 +65,7 @@ def fit_runs(strategy: str) -> dict[str, list[str]]:
                       f"fault.count={FIT_STEPS}", "fault.seed=13"]}
 
 
-def fitted_costs(runs: list[dict], lags: list[float], steps: int) -> tuple[RunCosts, list[float]]:
+def fitted_costs(runs: list[dict], lags: dict[str, list[float]], steps: int) -> tuple[RunCosts, dict[str, list[float]]]:
     """The costs: a step's and a checkpoint's from the fault-free fit runs (a restarted rank's first steps run cold:
     pooled in, they put sync's t_w 13% over the trace run's steady steps), R over every recovery of the others;
     and every measured lag (a checkpoint's stall end until it can be recovered from), kept as a distribution."""
@@ -80,20 +80,22 @@ def fitted_costs(runs: list[dict], lags: list[float], steps: int) -> tuple[RunCo
                      startup_s=float(np.mean([m["startup_s"] for m in runs])),
                      teardown_s=float(np.mean([m["teardown_s"] for m in runs])),
                      recovery_s=float(np.mean(recoveries)))
-    return costs, lags or [0.0]
+    return costs, {fault: measured or [0.0] for fault, measured in lags.items()}
 
 
-# When a checkpoint can be recovered from: in-memory's once each rank's copy is with its peer (its disk copy, every
-# few saves, is not what a kill rolls back to), the others' once durable (rank 0's commit)
-RECOVERABLE = ("ckpt_peer_copied", "ckpt_durable")
+# When a checkpoint can be recovered from after a failure of each kind of the trace, the first event of the list
+# that the technique emits: in-memory's after a killed rank once that rank's own snapshot is committed (its
+# shared memory outlives the process), after a node loss once the copy is with its peer (its disk copy, every few
+# saves, is not what either rolls back to); the others' once durable (rank 0's commit)
+RECOVERABLE = {"kill": ("ckpt_memory_saved", "ckpt_durable"), "node_loss": ("ckpt_peer_copied", "ckpt_durable")}
 
 
-def lags_after_stall(run_dir: Path) -> list[float]:
-    """Each checkpoint's time from the end of its stall (training goes on) until it can be recovered from, each
-    rank's own (a failure strikes one rank at its own step boundary): at most 0 for a save that is complete before
-    training goes on (sync)."""
+def lags_after_stall(run_dir: Path, fault: str) -> list[float]:
+    """Each checkpoint's time from the end of its stall (training goes on) until it can be recovered from after a
+    failure of kind ``fault``, each rank's own (a failure strikes one rank at its own step boundary): at most 0 for
+    a save that is complete before training goes on (sync)."""
     events = read_events(run_dir)
-    kind = next((k for k in RECOVERABLE if any(e["kind"] == k for e in events)), RECOVERABLE[-1])
+    kind = next((k for k in RECOVERABLE[fault] if any(e["kind"] == k for e in events)), RECOVERABLE[fault][-1])
     stall_end = {(e["rank"], e["attempt"], e["step"]): e["t_mono"] for e in events if e["kind"] == "ckpt_stall_end"}
     return [e["t_mono"] - stall_end[e["rank"], e["attempt"], e["step"]] for e in events
             if e["kind"] == kind and (e["rank"], e["attempt"], e["step"]) in stall_end]
@@ -120,6 +122,16 @@ def strike_times(run_dir: Path) -> dict[int, list[float]]:
     return found
 
 
+def fault_offsets(run_dir: Path) -> list[float]:
+    """How long after the step boundary it is planned at (its rank's end of that step) each injected failure
+    struck, at its own phase: what a failure's strike time adds to the boundary (the lags it races are milliseconds
+    for in-memory's copies)."""
+    events = read_events(run_dir)
+    ends = {(e["rank"], e["attempt"], e["step"]): e["t_mono"] for e in events if e["kind"] == "step_end"}
+    return [e["t_mono"] - ends[e["rank"], e["attempt"], e["step"]] for e in events
+            if e["kind"] == "fault_injected" and (e["rank"], e["attempt"], e["step"]) in ends]
+
+
 def lost_at(step: int, lags: np.ndarray, strikes: dict[int, float]) -> float:
     """Steps replayed after a failure before step ``step`` + 1, expected over the measured lags: those since the
     newest checkpoint, and its interval as well when that checkpoint could not yet be recovered from (the share of
@@ -130,19 +142,23 @@ def lost_at(step: int, lags: np.ndarray, strikes: dict[int, float]) -> float:
     return since + EVERY * float(np.mean(lags > strikes[since]))
 
 
-def predict(costs: RunCosts, lags: list[float], plan: list[int],
+def predict(costs: RunCosts, lags: dict[str, list[float]], plan: dict[int, str],
             strikes: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
-    """The two predictions of the module docstring: wall time to N steps, ETTR and steps lost. ``strikes``: d ->
-    the time after a stall at which a failure d steps after its checkpoint strikes (default: d plain steps)."""
+    """The two predictions of the module docstring: wall time to N steps, ETTR and steps lost. ``lags``: the
+    measured lags per failure kind; ``plan``: step -> the failure's kind; ``strikes``: d -> the time after a stall
+    at which a failure d steps after its checkpoint strikes (default: d plain steps)."""
     k, n, tw = len(plan), costs.steps, costs.step_wall_s
     strikes = strikes or {d: d * tw for d in range(EVERY)}
-    lost = sum(lost_at(s, np.asarray(lags), strikes) for s in plan)
+    lost = sum(lost_at(s, np.asarray(lags[kind]), strikes) for s, kind in plan.items())
     window = predicted_wall_s(costs, k, lost) - costs.startup_s - costs.teardown_s
     schedule = {"wall_s": window, "ettr": n * costs.step_s / window, "lost_steps": float(lost)}
-    g = closed_form_goodput(costs, costs.stall_s + max(float(np.median(lags)), 0.0), k)  # L: start to durable
+    share = {kind: sum(1 for f in plan.values() if f == kind) / max(k, 1) for kind in lags}  # the trace's mix
+    lag_s = sum(w * max(float(np.median(lags[kind])), 0.0) for kind, w in share.items())
+    g = closed_form_goodput(costs, costs.stall_s + lag_s, k)  # L: start to recoverable
     closed = {"wall_s": n * tw / g, "ettr": g * costs.step_s / tw,
               # a failure before step s + 1 loses s mod every steps: (every - 1) / 2 on average, plus the lag
-              "lost_steps": k * ((EVERY - 1) / 2 + float(np.mean(lag_steps(costs, lags))))}
+              "lost_steps": k * ((EVERY - 1) / 2 + sum(w * float(np.mean(lag_steps(costs, lags[kind])))
+                                                       for kind, w in share.items()))}
     return {"closed form": closed, "schedule": schedule}
 
 
@@ -178,18 +194,20 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
               reuse: bool = False) -> list[dict]:
     """Fit, trace, predict: one row per (prediction, measure)."""
     index = f"reference.index={(out / 'references').resolve()}"
-    fitted, lags, strikes = [], [], {d: [] for d in range(EVERY)}
+    fitted, lags, strikes, offsets = [], {fault: [] for fault in RECOVERABLE}, {d: [] for d in range(EVERY)}, []
     for name, settings in fit_runs(strategy).items():
         run_dir = out / strategy / name
         result, code = run(run_dir, [*settings, index, *overrides], reuse)
         if result is None or result["status"] != "ok":
             raise RuntimeError(f"{strategy} fit run {name}: exit {code}, {result and result['status']}")
         fitted.append(measure(run_dir))
-        lags += lags_after_stall(run_dir)
+        for fault in RECOVERABLE:
+            lags[fault] += lags_after_stall(run_dir, fault)
+        offsets += fault_offsets(run_dir)
         for d, times in strike_times(run_dir).items():
             strikes[d] += times
     costs, lags = fitted_costs(fitted, lags, steps)
-    plan = sorted(draw("llama3", mtbf, seed, 1, steps))
+    plan = dict(sorted(draw("llama3", mtbf, seed, 1, steps).items()))
     trace_dir = out / strategy / "trace"
     result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
                                    f"fault.mtbf_steps={mtbf}", f"fault.seed={seed}", "reference.check=run", index,
@@ -198,15 +216,16 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
         raise RuntimeError(f"{strategy} trace run: exit {code}, {result and result['status']}")
     seen = measured_outcome(trace_dir)
     rows = []
-    at = {d: float(np.median(times)) if times else d * costs.step_wall_s for d, times in strikes.items()}
+    phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step they strike
+    at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) + phase for d, times in strikes.items()}
     for how, predicted in predict(costs, lags, plan, at).items():
         for measure_name, value in predicted.items():
             truth = seen[measure_name]
             rows.append({"strategy": strategy, "prediction": how, "measure": measure_name, "measured": truth,
                          "predicted": value, "error": value / truth - 1 if truth else (0.0 if not value else math.inf),
                          "faults": seen["faults"], "planned": len(plan), "bit_exact": seen["matches"],
-                         "t_w": costs.step_wall_s, "C": costs.stall_s, "L": costs.stall_s + max(float(np.median(lags)), 0.0),
-                         "R": costs.recovery_s})
+                         "t_w": costs.step_wall_s, "C": costs.stall_s, "L": costs.stall_s + max(float(np.median(lags["node_loss"])), 0.0),
+                         "R": costs.recovery_s, "strike_phase_s": phase})
     return rows
 
 

@@ -1,12 +1,12 @@
 """``python -m resilience.bench.verify_cost``: what a verified load costs, read by read, side by side.
 
-It saves one checkpoint of a workload's state the way ``sync`` does (DCP, the CRC32 computed while writing, the
+It saves one checkpoint of a workload's state the way ``sync`` does (DCP, the checksum computed while writing, the
 atomic commit), then times, ``--repeats`` times in alternating order, on the same bytes (page cache warm, as on the
 host that wrote them; one process, no group):
 
-* ``before``: the load as it was: ``CheckpointDir.check`` (a CRC32 pass over every file) and then DCP's load from
+* ``before``: the load as it was: ``CheckpointDir.check`` (a checksum pass over every file) and then DCP's load from
   the files, a second full read;
-* ``now``: the load as ``sync`` does it: each file mapped and its CRC32 summed over the mapping, the one pass over
+* ``now``: the load as ``sync`` does it: each file mapped and its checksum summed over the mapping, the one pass over
   the bytes (``ckpt.verified.read_verified``), then DCP decodes from the mappings (``read`` and ``decode`` below);
 * ``raw read``: the same files read into memory with no checksum: the floor of any load;
 * ``decode``: DCP's part, from memory: the ``weights_only`` unpickling of each item and the copies into the live
@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from torch.distributed.checkpoint import FileSystemReader
 
 from resilience.ckpt.commit import CheckpointDir
+from resilience.ckpt.digest import for_record
 from resilience.ckpt.verified import MemoryFiles, read_verified
 from resilience.state.train import TrainState
 from resilience.strategies.sync import HookedWriter
@@ -66,6 +67,7 @@ def measure(workload: str = "dlrm_emb", repeats: int = 4, out_dir: Path = Path("
         nbytes = dirs.commit(1)
         entry = dirs.newest_committed()
         record = dirs.manifest(entry)
+        digest, sums = for_record(record)
 
         def decode(buffers: dict[str, memoryview]) -> None:
             sd = state.state_dict()
@@ -84,7 +86,7 @@ def measure(workload: str = "dlrm_emb", repeats: int = 4, out_dir: Path = Path("
 
         def now() -> dict[str, float]:
             t0 = time.perf_counter()
-            buffers = {n: read_verified(None, entry.path / n, size, record["crc32"][n])
+            buffers = {n: read_verified(None, entry.path / n, size, sums[n], digest)
                        for n, size in record["files"].items()}
             t1 = time.perf_counter()
             decode(buffers)
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     r = measure(args.workload, args.repeats, args.dir)
     gb = r["ckpt_bytes"] / 1e9
     print(f"{r['workload']}: checkpoint {gb:.2f} GB; seconds (GB/s)")
-    print("| repeat | before: check + DCP load | now: verified read + decode | read (CRC32 beside) | decode | "
+    print("| repeat | before: check + DCP load | now: verified read + decode | read (checksum beside) | decode | "
           "raw read |\n|---|---|---|---|---|---|")
     for i, t in enumerate([*r["rows"], r["median"]]):
         print(f"| {'median' if i == len(r['rows']) else i} | " + " | ".join(

@@ -13,12 +13,12 @@ snapshot is read back only by the same run, so the model and optimizer are built
 from __future__ import annotations
 
 import pickle
-import zlib
 from typing import Any, Callable, NamedTuple
 
 import torch
 
 from resilience.state.train import TrainState, map_tensors
+from resilience.ckpt.digest import CURRENT
 from resilience.ckpt.shm_store import ALIGN
 from resilience.ckpt.snapshot import is_sharded, local_part
 
@@ -58,14 +58,15 @@ def tensor_leaves(obj: Any, key: str = "") -> dict[str, torch.Tensor]:
 class StateCodec:
     """State dict <-> (tensor bytes, skeleton).
 
-    Contract: ``encode(sd, crc)`` returns (data_len, meta, fill): ``fill(buf)`` copies every tensor of ``sd`` into
-    ``buf`` and returns the CRC32 of the tensor bytes in skeleton order (None unless ``crc``). ``decode(meta,
+    Contract: ``encode(sd, checksum)`` returns (data_len, meta, fill): ``fill(buf)`` copies every tensor of ``sd``
+    into ``buf`` and returns the checksum (``digest.CURRENT``) of the tensor bytes in skeleton order (None unless
+    ``checksum``). ``decode(meta,
     read, live)`` rebuilds the state dict: a tensor whose key is in ``live`` is read into that tensor (dtype and
     shape must match), any other into a new CPU tensor; ``read(ref, dst)`` does the reading. Every ``live`` key
     must be in the snapshot.
     """
 
-    def encode(self, sd: dict[str, Any], crc: bool) -> tuple[int, bytes, Callable[[torch.Tensor], int | None]]:
+    def encode(self, sd: dict[str, Any], checksum: bool) -> tuple[int, bytes, Callable[[torch.Tensor], int | None]]:
         tensors: list[tuple[TensorRef, torch.Tensor]] = []
         end = 0
 
@@ -85,19 +86,19 @@ class StateCodec:
         meta = pickle.dumps(walk(sd, ""), protocol=pickle.HIGHEST_PROTOCOL)
 
         def fill(buf: torch.Tensor) -> int | None:
-            value = 0 if crc else None
+            running = CURRENT.new() if checksum else None
             for ref, t in tensors:
                 if ref.nbytes:
                     part = buf[ref.offset:ref.offset + ref.nbytes]
                     part.copy_(t.detach().reshape(-1).view(torch.uint8))
-                    if crc:  # right after the copy, while the bytes are still in cache
-                        value = zlib.crc32(memoryview(part.numpy()), value)
-            return value
+                    if running is not None:  # right after the copy, while the bytes are still in cache
+                        running.update(memoryview(part.numpy()))
+            return running.value if running is not None else None
 
         return end, meta, fill
 
     def ranges(self, meta: bytes) -> list[tuple[int, int]]:
-        """(offset, nbytes) of every tensor in skeleton order: the bytes ``fill``'s and a load's CRC32 cover (the
+        """(offset, nbytes) of every tensor in skeleton order: the bytes ``fill``'s and a load's checksum cover (the
         alignment gaps between tensors are not part of it)."""
         out: list[tuple[int, int]] = []
         self.decode(meta, lambda ref, dst: out.append((ref.offset, ref.nbytes)), {}, make=lambda ref: None)

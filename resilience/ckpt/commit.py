@@ -1,13 +1,14 @@
 """The on-disk layout of checkpoints and their atomic commit.
 
 ``<ckpt_dir>/step_00000010/`` holds one checkpoint in DCP's format (``.metadata`` and ``*.distcp``). It counts
-only once ``COMMIT.json`` (step, file names, sizes and CRC32s, and the identity of the run that wrote it) has been
-written, fsynced and renamed into place and the directory fsynced: a crash at any earlier point leaves a directory
-without a marker, which is never loaded.
+only once ``COMMIT.json`` (step, file names, sizes and checksums, and the identity of the run that wrote it) has
+been written, fsynced and renamed into place and the directory fsynced: a crash at any earlier point leaves a
+directory without a marker, which is never loaded.
 
 Before a load, ``check`` verifies a committed checkpoint: written by this run, every file present with its size
-and CRC32, the record itself readable. Anything missing, unreadable or malformed is a reason to skip it for the
-previous one, never an error: a restart must not fail on a checkpoint it can pass over.
+and checksum (``digest``: xxh3_64, or CRC32 in a record written before the switch), the record itself readable.
+Anything missing, unreadable or malformed is a reason to skip it for the previous one, never an error: a restart
+must not fail on a checkpoint it can pass over.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from resilience.ckpt.checksum import collect_checksums, file_crc32
+from resilience.ckpt.checksum import SIDECAR_PREFIX, collect_checksums
+from resilience.ckpt.digest import for_record, record_fields
 from resilience.settings.identity import RunIdentity
 from resilience.record.fsio import atomic_write_json, fsync_dir
 
@@ -82,11 +84,11 @@ class CheckpointDir:
 
     def check(self, entry: CheckpointEntry, checksums: bool = True) -> str | None:
         """Why ``entry`` must not be loaded (None: it may): another run's, a file missing, cut short or changed
-        (CRC32, one read of each file), or an unreadable or malformed commit record."""
+        (its checksum, one read of each file), or an unreadable or malformed commit record."""
         try:
             record = self.manifest(entry)
-            files, crcs = record["files"], record["crc32"]
-            if not isinstance(files, dict) or not files or set(crcs) != set(files):
+            files, (digest, sums) = record["files"], for_record(record)
+            if not isinstance(files, dict) or not files or set(sums) != set(files):
                 return "the commit record lists no files or not a checksum for each"
             if record.get("step") != entry.step:
                 return f"the commit record is for step {record.get('step')}"
@@ -97,7 +99,7 @@ class CheckpointDir:
                 if actual != size:
                     return f"{name} has {actual} bytes, the commit record says {size}"
             if checksums:
-                bad = sorted(name for name, crc in crcs.items() if file_crc32(entry.path / name) != crc)
+                bad = sorted(name for name, value in sums.items() if digest.of_file(entry.path / name) != value)
                 if bad:
                     return f"checksum mismatch in {', '.join(bad)}"
         except FileNotFoundError as exc:
@@ -118,9 +120,9 @@ class CheckpointDir:
     def commit(self, step: int) -> int:
         """Make the checkpoint of ``step`` durable and visible; return its size in bytes."""
         path = self.path_for(step)
-        crc32 = collect_checksums(path)
+        sums = collect_checksums(path)
         files = {f.relative_to(path).as_posix(): f.stat().st_size for f in sorted(path.rglob("*"))
-                 if f.is_file() and not f.name.startswith(".crc-")}  # a library may write sub-directories
+                 if f.is_file() and not f.name.startswith(SIDECAR_PREFIX)}  # a library may write sub-directories
         for name in files:  # DCP fsyncs its data files; the metadata, a library's files and the entries need it
             fd = os.open(path / name, os.O_RDONLY)
             try:
@@ -130,7 +132,7 @@ class CheckpointDir:
         for sub in sorted({(path / name).parent for name in files}, reverse=True):
             fsync_dir(sub)
         fsync_dir(path)
-        record = {"step": step, "files": files, "crc32": {k: v for k, v in crc32.items() if k in files}}
+        record = {"step": step, "files": files, **record_fields({k: v for k, v in sums.items() if k in files})}
         if self.owner is not None:
             record["run"] = self.owner.as_dict()
         atomic_write_json(path / COMMIT_MARKER, record)

@@ -12,8 +12,9 @@ in another machine's CPU memory). ``<run id>`` is a hash of the run directory, u
 Layout: page 0 holds a file header and two slot headers; two page-aligned slots follow (double buffering: the
 previous snapshot stays valid while the next is written). A slot holds the tensor bytes, then the pickled
 state-dict skeleton (``meta``). Writing a slot: clear its commit word, write data and meta, write the header
-(step, sizes, optionally a CRC32 of the data, a CRC32 of the header), and only then the commit word. A writer
-that dies at any point leaves the slot uncommitted, and an uncommitted slot is never read.
+(step, sizes, optionally the data's checksum, ``digest.CURRENT``: xxh3_64; a CRC32 of the header's own bytes), and
+only then the commit word. A writer that dies at any point leaves the slot uncommitted, and an uncommitted slot is
+never read.
 
 Reading copies straight from the file into the caller's tensors with ``pread`` (one kernel copy out of the page
 cache), not through a mapping: mapping a freshly opened area would fault in every page of it first.
@@ -32,17 +33,20 @@ from typing import Callable
 
 import torch
 
+from resilience.ckpt.digest import CURRENT, Running
+
 SHM_DIR = Path(os.environ.get("RESILIENCE_SHM_DIR", "/dev/shm"))
 PREFIX = "rbmem-"
 PAGE = mmap.PAGESIZE
 SLOTS = 2
 ALIGN = 64  # tensor offsets: aligned for every dtype and for vectorised copies
-FILE_MAGIC = b"RBMEM01\0"
+FILE_MAGIC = b"RBMEM02\0"  # 02: a 64-bit xxh3_64 of the data in the slot header (01: a CRC32)
 FILE_HEAD = struct.Struct("<8sQQ")  # magic, slot capacity, number of slots
-# step, attempt, data_len, meta_off, meta_len, flags, crc of the data (if HAS_CRC), crc of the header
-SLOT_HEAD = struct.Struct("<qqQQQIII4x")
+# step, attempt, data_len, meta_off, meta_len, checksum of the data (if HAS_SUM), flags, CRC32 of the fields before
+# it (zlib: 52 bytes, where a 32-bit sum is enough). 56 bytes: with the commit word, one ALIGN apart per slot.
+SLOT_HEAD = struct.Struct("<qqQQQQII")
 COMMIT = struct.Struct("<Q")  # follows each slot header; written last
-HAS_CRC = 1
+HAS_SUM = 1
 COMMITTED = int.from_bytes(b"COMMITED", "little")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # a new area: fault its pages in now, not during a save
 
@@ -76,7 +80,7 @@ class SlotInfo:
     data_len: int
     meta_off: int
     meta_len: int
-    crc: int | None  # CRC32 of the tensor bytes (in the writer's order); None: written without one
+    checksum: int | None  # of the tensor bytes (``digest.CURRENT``, in the writer's order); None: written without
 
 
 class Area:
@@ -111,7 +115,8 @@ class Area:
             return existing
         if existing is not None:  # a larger state: a fresh area (whoever maps the old one keeps its pages)
             existing.close()
-            path.unlink(missing_ok=True)
+        # also a file that is no area of this layout (an older magic): reusing it would keep its old slot headers
+        path.unlink(missing_ok=True)
         slot_cap = _round(need + spare, PAGE)
         size = PAGE + SLOTS * slot_cap
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -139,10 +144,11 @@ class Area:
             if COMMIT.unpack_from(self._mm, at + SLOT_HEAD.size)[0] != COMMITTED:
                 continue
             raw = self._mm[at:at + SLOT_HEAD.size]
-            step, attempt, data_len, meta_off, meta_len, flags, crc, head_crc = SLOT_HEAD.unpack(raw)
-            if zlib.crc32(raw[:-8]) != head_crc or not data_len <= meta_off <= meta_off + meta_len <= self.slot_cap:
+            step, attempt, data_len, meta_off, meta_len, checksum, flags, head_crc = SLOT_HEAD.unpack(raw)
+            if zlib.crc32(raw[:-4]) != head_crc or not data_len <= meta_off <= meta_off + meta_len <= self.slot_cap:
                 continue
-            found.append(SlotInfo(i, step, attempt, data_len, meta_off, meta_len, crc if flags & HAS_CRC else None))
+            found.append(SlotInfo(i, step, attempt, data_len, meta_off, meta_len,
+                                  checksum if flags & HAS_SUM else None))
         return sorted(found, key=lambda s: (s.step, s.index))
 
     def find(self, step: int) -> SlotInfo | None:
@@ -152,9 +158,9 @@ class Area:
               fill: Callable[[torch.Tensor], int | None], before_commit: Callable[[], None] | None = None,
               commit: bool = True) -> SlotInfo:
         """Write a snapshot into the slot not holding the newest one. ``fill(buf)`` writes ``data_len`` bytes into
-        ``buf`` (a uint8 tensor over the slot) and returns their CRC32, or None for none. ``before_commit`` runs
+        ``buf`` (a uint8 tensor over the slot) and returns their checksum, or None for none. ``before_commit`` runs
         when everything but the header and commit word is written (where a crash leaves a half-written snapshot).
-        ``commit=False``: the slot stays uncommitted until ``commit(info)`` (e.g. once its CRC32 is summed after
+        ``commit=False``: the slot stays uncommitted until ``commit(info)`` (e.g. once its checksum is summed after
         the stall); no other write may come in between."""
         meta_off = _round(data_len, ALIGN)
         if meta_off + len(meta) > self.slot_cap:
@@ -164,10 +170,10 @@ class Area:
         at, base = self._head_at(index), self._slot_at(index)
         COMMIT.pack_into(self._mm, at + SLOT_HEAD.size, 0)  # from here on this slot is no snapshot
         buf = self.view(base, data_len)
-        crc = fill(buf)
+        checksum = fill(buf)
         del buf  # no view may outlive the call (the mapping could not be closed)
         self._mm[base + meta_off:base + meta_off + len(meta)] = meta
-        info = SlotInfo(index, step, attempt, data_len, meta_off, len(meta), crc)
+        info = SlotInfo(index, step, attempt, data_len, meta_off, len(meta), checksum)
         if before_commit is not None:
             before_commit()
         if commit:
@@ -175,22 +181,22 @@ class Area:
         return info
 
     def commit(self, info: SlotInfo) -> None:
-        """Write the slot's header (with ``info.crc``, if any), then its commit word: only now does it count."""
+        """Write the slot's header (with ``info.checksum``, if any), then its commit word: only now does it count."""
         at = self._head_at(info.index)
-        raw = SLOT_HEAD.pack(info.step, info.attempt, info.data_len, info.meta_off, info.meta_len,
-                             HAS_CRC if info.crc is not None else 0, info.crc or 0, 0)[:-8]
-        self._mm[at:at + SLOT_HEAD.size] = raw + struct.pack("<I4x", zlib.crc32(raw))
+        raw = SLOT_HEAD.pack(info.step, info.attempt, info.data_len, info.meta_off, info.meta_len, info.checksum or 0,
+                             HAS_SUM if info.checksum is not None else 0, 0)[:-4]
+        self._mm[at:at + SLOT_HEAD.size] = raw + struct.pack("<I", zlib.crc32(raw))
         COMMIT.pack_into(self._mm, at + SLOT_HEAD.size, COMMITTED)
 
-    def crc32(self, info: SlotInfo, ranges: list[tuple[int, int]], block: int = 8 << 20) -> int:
-        """The CRC32 of the slot's data at ``ranges`` ((offset, nbytes), in order), summed over the mapping (the
-        GIL is released for each block)."""
-        crc, base = 0, self._slot_at(info.index)
+    def checksum(self, info: SlotInfo, ranges: list[tuple[int, int]], block: int = 8 << 20) -> int:
+        """The checksum (``digest.CURRENT``) of the slot's data at ``ranges`` ((offset, nbytes), in order), summed
+        over the mapping (the GIL is released for each block over 64 KiB)."""
+        running, base = CURRENT.new(), self._slot_at(info.index)
         with memoryview(self._mm) as mv:
             for offset, nbytes in ranges:
                 for at in range(base + offset, base + offset + nbytes, block):
-                    crc = zlib.crc32(mv[at:min(at + block, base + offset + nbytes)], crc)
-        return crc
+                    running.update(mv[at:min(at + block, base + offset + nbytes)])
+        return running.value
 
     def view(self, offset: int, length: int) -> torch.Tensor:
         """A uint8 tensor over ``length`` bytes at ``offset`` (drop it before ``close``)."""
@@ -205,18 +211,18 @@ class Area:
     def meta(self, info: SlotInfo) -> bytes:
         return os.pread(self._fd, info.meta_len, self._slot_at(info.index) + info.meta_off)
 
-    def read_into(self, info: SlotInfo, offset: int, dst: torch.Tensor, crc: int | None = None) -> int | None:
-        """Copy the bytes at ``offset`` of the slot's data into ``dst``; return ``crc`` updated with them."""
+    def read_into(self, info: SlotInfo, offset: int, dst: torch.Tensor, running: Running | None = None) -> None:
+        """Copy the bytes at ``offset`` of the slot's data into ``dst``, adding them to ``running`` (if any: a
+        load's sum, fed in the order of ``checksum``'s ranges)."""
         direct = dst.device.type == "cpu" and dst.is_contiguous()
         target = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
         view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
         if view.nbytes and os.preadv(self._fd, [view], self._slot_at(info.index) + offset) != view.nbytes:
             raise OSError(f"{self.path}: short read at {offset}")
-        if crc is not None:
-            crc = zlib.crc32(view, crc)
+        if running is not None:
+            running.update(view)
         if not direct:
             dst.copy_(target)
-        return crc
 
     def invalidate_newer(self, step: int) -> list[int]:
         """Uncommit every snapshot newer than ``step`` (an abandoned timeline); return their steps."""

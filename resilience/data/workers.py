@@ -28,6 +28,9 @@ server waits for the workers (they hold its liveness pipe): measured, both lived
 ``die_with_rank`` closes that: each worker watches the rank's pid and exits when it ends. Measured (2 kills each,
 SIGKILL of the rank to every worker and the server gone): forkserver 0.77-0.97 s (the server's own exit, torch
 loaded), fork 36-41 ms, spawn 35-64 ms; a peer read end-of-file 14-30 ms after the kill under all three.
+
+A rank of a run does not let the stdlib start that server as a new interpreter (torch imported again, ~0.9 s of
+CPU at every rank start): ``resilience.data.fork_server`` forks it from the rank before the rank's threads start.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkpoint integrity, reported: every committed checkpoint a load passed over becomes a ``fault_detected``.
 
 The strategies always check a checkpoint before loading it (``CheckpointDir.check``: this run's, every file with its
-size and CRC32) and skip a bad one for the previous good one, whatever the detector list; this detector only turns
+size and checksum) and skip a bad one for the previous good one, whatever the detector list; this detector only turns
 what they found into a detection, so the coverage table and the report count it.
 """
 

@@ -36,6 +36,7 @@ from resilience.state.train import TrainState
 from resilience.runtime.step import OwnsStep
 from resilience.ckpt.replica_transfer import NothingToRecover
 from resilience.rank.trainer import Trainer
+from resilience.data import fork_server
 
 
 def configure_determinism(device: torch.device, threads: int) -> None:
@@ -108,6 +109,8 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
     detectors: RankDetectors | None = None
     try:
         roles = build_roles(cfg) if prepared is None else prepared.roles
+        # before the group's threads and sockets exist: the loader's server forked from this rank (data.fork_server)
+        fork_server.start_for(cfg.train, device.type)
         strategy, injector = roles.strategy, roles.injector
         owns_step = isinstance(strategy, OwnsStep)  # it forms the groups across ranks and wraps the model itself
         group = RankGroup(cfg.backend, rank, world, float(cfg.timeouts.collective_s), solo=owns_step)

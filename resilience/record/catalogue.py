@@ -130,7 +130,7 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ckpt_peer_copied", ("peer_rank", "duration_s"), "the snapshot was copied to the peer's memory"),
     ("ckpt_memory_loaded", ("source", "agree_s", "read_s", "restore_s"), "a load from host memory, its phases"),
     ("ckpt_memory_fallback", ("reason", "memory_steps"), "no snapshot in memory serves: the load goes to disk"),
-    ("ckpt_memory_corrupt", ("source", "area"), "a snapshot in memory failed its CRC32"),
+    ("ckpt_memory_corrupt", ("source", "area"), "a snapshot in memory failed its checksum"),
     ("peer_library", ("library", "version", "settings", "patches"), "the library a peer strategy runs"),
     ("replica_mode", ("while_replacing",), "strategy=replica: how survivors behave while a rank is replaced"),
     ("replica_heal", ("source", "transfer_s", "bytes", "heal_s"), "a replacement took a replica's state"),

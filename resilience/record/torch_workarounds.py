@@ -89,6 +89,10 @@ def declare_acted(events: EventLog) -> None:
 
 
 def installed_version(package: str) -> str:
+    if package == "python":  # the interpreter's own internals (multiprocessing)
+        import platform
+
+        return platform.python_version()
     if package == "torch":
         import torch
 

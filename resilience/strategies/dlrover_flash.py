@@ -19,7 +19,7 @@ rank) through the factory queue that ``AsyncCheckpointSaver.start_async_saving_c
 
 Load: the library's own ``load_checkpoint`` (sharded: the engine's ``load``), which prefers the shared-memory copy
 when one survived the crash (on every rank, at the same step) and reads the newest disk checkpoint otherwise. Both
-are verified here as every load is: the disk checkpoint by our commit record (sizes, CRC32s, this run's identity)
+are verified here as every load is: the disk checkpoint by our commit record (sizes, checksums, this run's identity)
 before the library reads it; the loaded state by the CRC32 fingerprint taken of the same state when it was saved
 (``fingerprints.json`` in the checkpoint directory; its time is in the stall and reported as ``fingerprint_s`` of
 ``ckpt_stall_end``). A state that does not match is rejected and the disk checkpoint loaded instead.

@@ -6,7 +6,7 @@ survives the restart of the rank process, as DLRover's agent-owned shared memory
 in the memory of rank ``(r + ranks_per_node) % world_size``, on the next node (Gemini's replica in a remote
 machine's CPU memory); under HSDP, of the rank that holds the same shard in the next replica group. On one host the writing rank
 maps the peer's file itself; on a real cluster that copy would cross the network to the peer node's agent. Only
-one copy is inside the stall (the state straight into the own slot); the slot's CRC32 and commit, and the peer
+one copy is inside the stall (the state straight into the own slot); the slot's checksum and commit, and the peer
 copy (a copy of that slot), run in a thread beside the next step and are complete before the step after it begins
 (``before_step``): a failure in between finds the previous snapshot, as a crash during the copy would.
 Every ``persist_every``-th snapshot is also saved to disk exactly as ``sync`` does (DCP + atomic commit), for
@@ -15,7 +15,7 @@ the failures that take every copy with them.
 Recovery (every rank restarts): each rank lists the snapshots it can reach -- its own area, else its peer copy --
 and the ranks all-gather those steps. If every rank holds the newest common step, and no committed disk
 checkpoint is newer, every rank reads it from memory straight into its tensors (``ckpt_loaded`` source ``memory``
-or ``peer_memory``; the data's CRC32 is checked too, unless ``strategy.verify=false``); otherwise all fall back to
+or ``peer_memory``; the data's checksum is checked too, unless ``strategy.verify=false``); otherwise all fall back to
 ``sync``'s disk load and record why (``ckpt_memory_fallback``). Snapshots newer than the step loaded belong to
 an abandoned timeline and are dropped.
 """
@@ -37,6 +37,7 @@ from resilience.state.train import TrainState
 from resilience.workloads.base import Workload
 from resilience.ckpt import node_memory, shm_store
 from resilience.ckpt.codec import StateCodec, TensorRef, snapshot_state, restore, tensor_leaves
+from resilience.ckpt.digest import CURRENT, Running
 from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import ALIGN, Area, SlotInfo
 from resilience.ckpt.snapshot import is_sharded, local_part
@@ -130,7 +131,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
     def _capacity(self, state: TrainState) -> int:
         """Slot size ``state``'s snapshots need. An optimizer that creates its state at its first step is assumed
         to hold two tensors and a step per parameter, like Adam (a snapshot that needs more grows the area)."""
-        data, meta, _ = self.codec.encode(snapshot_state(state), crc=False)  # the layout only: nothing is copied
+        data, meta, _ = self.codec.encode(snapshot_state(state), checksum=False)  # the layout only: nothing is copied
         if not state.optimizer.state:
             params = [local_part(p) for p in state.model.parameters() if p.requires_grad]
             data += sum(2 * -(-p.numel() * p.element_size() // ALIGN) * ALIGN + ALIGN for p in params)
@@ -143,12 +144,12 @@ class InMemoryCheckpoint(SyncCheckpoint):
 
     # ---- save -------------------------------------------------------------------------------------------------
     def _save(self, step: int, state: TrainState) -> None:
-        """One copy inside the stall: the state straight into our own slot, left uncommitted. Its CRC32, its commit
+        """One copy inside the stall: the state straight into our own slot, left uncommitted. Its checksum, its commit
         and the peer copy (a copy of that slot) follow in a thread, beside the next step (``_finish``)."""
         rt, t0 = self.rt, time.monotonic()
         self._join_finish()  # never two at once: each area has one writer
         try:
-            data_len, meta, fill = self.codec.encode(snapshot_state(state), crc=False)
+            data_len, meta, fill = self.codec.encode(snapshot_state(state), checksum=False)
             need = data_len + ALIGN + len(meta)
             own = self._area("own", need)
             info = own.write(step, rt.attempt, data_len, meta, fill,
@@ -163,13 +164,13 @@ class InMemoryCheckpoint(SyncCheckpoint):
             super()._save(step, state)  # and ckpt_durable on rank 0
 
     def _finish(self, step: int, own: Area, info: SlotInfo, peer: Area | None, meta: bytes, t0: float) -> None:
-        """After the stall: sum our slot's CRC32 (``strategy.verify``) and commit it, then copy it to the peer (the
-        same bytes and CRC, no second encode). Our slot is not rewritten meanwhile: the next snapshot goes to the
-        other slot, and joins this first."""
+        """After the stall: sum our slot's checksum (``strategy.verify``) and commit it, then copy it to the peer
+        (the same bytes and checksum, no second encode). Our slot is not rewritten meanwhile: the next snapshot goes
+        to the other slot, and joins this first."""
         rt = self.rt
         try:
-            crc = own.crc32(info, self.codec.ranges(meta)) if self.verify else None
-            info = dataclasses.replace(info, crc=crc)
+            checksum = own.checksum(info, self.codec.ranges(meta)) if self.verify else None
+            info = dataclasses.replace(info, checksum=checksum)
             own.commit(info)
             rt.events.emit("ckpt_memory_saved", step=step, bytes=info.data_len + info.meta_len, slot=info.index,
                            peer_rank=self.holder if peer is not None else None, duration_s=time.monotonic() - t0)
@@ -181,7 +182,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
             rt.events.emit("ckpt_failed", step=step, error=f"memory: {type(exc).__name__}: {exc}"[:500], fsync=True)
 
     def before_step(self, state: TrainState, position: int) -> int:
-        """A snapshot's CRC32, commit and peer copy have the step after it to run beside; they are complete before
+        """A snapshot's checksum, commit and peer copy have the step after it to run beside; they are complete before
         the one after that starts (so a fault planned for that point finds them, whatever the machine's load)."""
         if self._finishing is not None and position > self._finishing[0]:
             self._join_finish()
@@ -201,7 +202,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
         src = area.data(info)
         buf.copy_(src)
         del src
-        return info.crc
+        return info.checksum
 
     def _area(self, which: str, need: int) -> Area | None:
         """Our own area or the peer copy, mapped once per attempt (writes into a mapping whose node was wiped since
@@ -240,7 +241,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
                     rt.events.emit("ckpt_memory_loaded", step=step, source=loaded[1], agree_s=t_agreed - t0,
                                    read_s=self._read_s, restore_s=time.monotonic() - t_agreed - self._read_s)
                     return loaded
-                reason = f"the snapshot of step {step} failed its CRC32 check on some rank"
+                reason = f"the snapshot of step {step} failed its checksum on some rank"
             return self._load_disk(state, reason, reach, views, corrupt_step=step, own=own, peer=peer)
         finally:
             for area in (own, peer):
@@ -290,7 +291,7 @@ class InMemoryCheckpoint(SyncCheckpoint):
         """Load ``step`` from our own area, else from the peer copy; every rank succeeds, or none uses memory.
 
         Bytes go straight from the area into the model's and optimizer's own tensors (into new ones where the
-        optimizer has none yet), so a CRC mismatch (``strategy.verify``) is seen only after the read: a rank whose
+        optimizer has none yet), so a checksum mismatch (``strategy.verify``) is seen only after the read: a rank whose
         copies all fail has a half-overwritten state (see ``_load``).
         """
         t0 = time.monotonic()
@@ -302,13 +303,14 @@ class InMemoryCheckpoint(SyncCheckpoint):
             info = area.find(step) if area is not None else None
             if info is None:
                 continue
-            crc = [None if info.crc is None else 0]
+            running = CURRENT.new() if info.checksum is not None else None
 
-            def read(ref: TensorRef, dst: torch.Tensor, area: Area = area, info: SlotInfo = info) -> None:
-                crc[0] = area.read_into(info, ref.offset, dst, crc[0])
+            def read(ref: TensorRef, dst: torch.Tensor, area: Area = area, info: SlotInfo = info,
+                     running: Running | None = running) -> None:
+                area.read_into(info, ref.offset, dst, running)
 
             restored = self.codec.decode(area.meta(info), read, live)
-            if crc[0] == info.crc:
+            if running is None or running.value == info.checksum:
                 done = (restored, source, info.data_len + info.meta_len)
                 break
             self.rt.events.emit("ckpt_memory_corrupt", step=step, source=source, area=area.path.name, fsync=True)

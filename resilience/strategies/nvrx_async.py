@@ -4,7 +4,7 @@ Each rank hands its whole state dict to ``async_save(state_dict, path)``: the te
 memory, then a persistent worker process (one per rank, started at the first save, fed through a multiprocessing
 queue) writes them with ``torch.save``. ``finalize_async_save(blocking=True, no_dist=True)`` in the persist thread
 waits for this rank's worker; a barrier on the strategy's gloo group then lets rank 0 commit (COMMIT.json, the
-files read back once for their CRC32s: the library writes none). Loading reads this rank's file back.
+files read back once for their checksums: the library writes none). Loading reads this rank's file back.
 
 Four workarounds (``strategy.patches``; each declared in ``result.json`` where it applies), the first two needed
 on a CPU-only build:

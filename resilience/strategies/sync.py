@@ -19,6 +19,7 @@ from resilience.state.train import TrainState
 from resilience.strategies.base import CheckpointStrategy
 from resilience.ckpt.checksum import ChecksumFileSystem
 from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
+from resilience.ckpt.digest import for_record
 from resilience.ckpt.snapshot import flat_tensors, is_sharded
 from resilience.ckpt.verified import CorruptFile, MemoryFiles, read_verified
 
@@ -94,7 +95,7 @@ class SyncCheckpoint(CheckpointStrategy):
 
     def agreed_entry(self, checksums: bool = True) -> CheckpointEntry | None:
         """The checkpoint every rank loads: rank 0 chooses and everyone follows (all must restore the same step).
-        ``checksums=False``: the CRC32s are left to the load, which verifies as it reads."""
+        ``checksums=False``: the checksums are left to the load, which verifies as it reads."""
         choice = [None]
         if self.rt.rank == 0:
             entry = self.choose(checksums)
@@ -105,7 +106,7 @@ class SyncCheckpoint(CheckpointStrategy):
         return next(e for e in self.dirs.entries() if e.step == choice[0] and e.committed)
 
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
-        """The newest checkpoint whose every file that a rank reads passes its CRC32 on that rank, read once
+        """The newest checkpoint whose every file that a rank reads passes its checksum on that rank, read once
         (``verified``)."""
         while (entry := self.agreed_entry(checksums=False)) is not None:
             sd = state.state_dict(self.parts)
@@ -119,7 +120,7 @@ class SyncCheckpoint(CheckpointStrategy):
         return None
 
     def _read_verified(self, entry: CheckpointEntry, sd: dict) -> dict[str, memoryview] | None:
-        """The files of ``entry`` that loading ``sd`` reads, in memory, each checked against its CRC32, or None
+        """The files of ``entry`` that loading ``sd`` reads, in memory, each checked against its checksum, or None
         when any rank found one bad (rank 0 then records the rejection and the next ``agreed_entry`` passes over
         it). No rank fails alone: all decide together, before any tensor is touched.
 
@@ -135,13 +136,14 @@ class SyncCheckpoint(CheckpointStrategy):
         data = [n for n in record["files"] if n.endswith(DATA_SUFFIX)]
 
         def verify(names) -> None:
+            digest, sums = for_record(record)  # xxh3_64, or CRC32 in a record written before the switch
             for name in names:
-                buffers[name] = read_verified(fs, entry.path / name, record["files"][name], record["crc32"][name])
+                buffers[name] = read_verified(fs, entry.path / name, record["files"][name], sums[name], digest)
 
         try:
             verify(n for n in record["files"] if n not in data)
             verify(self._planned_files(entry, buffers, sd) if data and is_sharded_state(sd) else data)
-        except (OSError, KeyError) as exc:
+        except (OSError, KeyError, ValueError) as exc:  # ValueError: a checksum algorithm this code does not know
             reason = str(exc) if isinstance(exc, CorruptFile) else f"{type(exc).__name__}: {exc}"[:300]
         reasons: list = [None] * self.rt.world_size
         dist.all_gather_object(reasons, reason)
@@ -169,7 +171,7 @@ class SyncCheckpoint(CheckpointStrategy):
 
     def choose(self, checksums: bool = True) -> CheckpointEntry | None:
         """The newest committed checkpoint within the rollback bound that passes ``CheckpointDir.check`` (this
-        run's, complete, intact; with ``checksums``, each file's CRC32 read back); every one passed over is
+        run's, complete, intact; with ``checksums``, each file's checksum read back); every one passed over is
         recorded with the reason, once."""
         rt = self.rt
         newest = self.dirs.newest_committed()

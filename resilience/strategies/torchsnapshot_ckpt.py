@@ -3,7 +3,7 @@
 The library does its own I/O (fsspec / aiofiles, not DCP's file-system layer) and its own completion: each rank's
 background thread finishes its writes, the ranks meet at a store barrier, rank 0 writes ``.snapshot_metadata``.
 Around that we put what every strategy here has: the step directory, our commit record (COMMIT.json with sizes,
-CRC32s and the run's identity; the library writes no checksums, so rank 0 reads the files back once, in the
+checksums and the run's identity; the library writes no checksums, so rank 0 reads the files back once, in the
 background) and the same choice of the newest good checkpoint at load. DDP's state is the same on every rank, so
 it is declared ``replicated`` (``"**"``), as the library's documentation says for data parallelism: each rank
 writes a share.
