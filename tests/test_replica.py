@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from conftest import ROOT, refusal, run_cli, run_experiment
 from resilience.record.events import read_events
+from resilience.record.replicas import replacement_parts
 from resilience.state.train import TrainState, state_sha256
 from resilience.ckpt.transfer import replica_state
 from resilience.ckpt import replica_transfer
@@ -139,6 +140,10 @@ def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, descripti
     assert result["replicas_consistent"] is True and result["quorum_detection_s"] is None
     assert result["heal_bytes"] == result["recovery_bytes"] and 0 < result["heal_transfer_s"] <= result["heal_s"]
     assert 0 < result["replacement_start_s"] < result["survivors_stall_s"]
+    # its start in parts (speed issue, item 3): they add up to it (the process's age is known to 10 ms)
+    parts = replacement_parts(events)
+    assert parts["join_s"] > 0 and parts["process_s"] > 0
+    assert sum(parts.values()) == pytest.approx(result["replacement_start_s"], abs=0.03)
 
 
 CONTINUE = [

@@ -175,6 +175,8 @@ def replica_rows(out: Path, quick: bool) -> list[Row]:
     from resilience.bench.experiment import run_experiment
     from resilience.bench import probe
     from resilience.bench.replica_peers import BASE, WAYS, floor_s
+    from resilience.record.events import read_events
+    from resilience.record.replicas import replacement_parts
 
     # replica_peers.floor_limits, with room for a busy host: its rank probe's 60 s limit is not enough there
     cached = probe.cached_limits(out) or {}
@@ -191,12 +193,17 @@ def replica_rows(out: Path, quick: bool) -> list[Row]:
                                    f"run status {r['status']}: no recovery time or heal bytes to compare"))
             continue
         ratio = r["recovery_time_s"] / floor
+        parts = replacement_parts(read_events(out / f"replica-{workload}"))
+        split = ("" if parts is None else
+                 f"; replacement start {r['replacement_start_s']:.2f} s = restart -> process {parts['exec_s']:.2f} s"
+                 f" + interpreter, imports, roles {parts['process_s']:.2f} s + group re-formed {parts['join_s']:.2f} s"
+                 f", heal {r['heal_s']:.2f} s (transfer {r['heal_transfer_s']:.2f} s)")
         rows.append(Row(f"replica recovery / (replacement start + transfer floor), {workload}", f"{ratio:.2f}x",
                         "<= 1.5x", ratio <= 1.5 and r.get("survivors_restarted") is not True,
                         f"one kill of rank 1 at step 13: recovery {r['recovery_time_s']:.2f} s, floor {floor:.2f} s "
                         f"(rank start {limits['rank_start_s']:.2f} s, probe {limits['source']}, + "
                         f"{r['heal_bytes'] / 1e6:.0f} MB at {limits['p2p_GBps']:.2f} GB/s); survivors restarted: "
-                        f"{r.get('survivors_restarted')}"))
+                        f"{r.get('survivors_restarted')}{split}"))
     return rows
 
 

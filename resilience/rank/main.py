@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from resilience.runtime.step import OwnsStep
 from resilience.ckpt.replica_transfer import NothingToRecover
 from resilience.rank.trainer import Trainer
 from resilience.data import fork_server
+from resilience.proc.started import process_started_wall
 
 
 def configure_determinism(device: torch.device, threads: int) -> None:
@@ -114,11 +116,15 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         strategy, injector = roles.strategy, roles.injector
         owns_step = isinstance(strategy, OwnsStep)  # it forms the groups across ranks and wraps the model itself
         group = RankGroup(cfg.backend, rank, world, float(cfg.timeouts.collective_s), solo=owns_step)
+        joining = time.monotonic()
         group.join()
+        joined = time.monotonic()
         # In place, the supervisor numbers the generations; under an elastic agent the ranks agree on it.
         events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
+        # the start's parts: the process's age (its interpreter, imports, roles) and the group's forming in it
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend,
-                    preloaded=preloaded())
+                    preloaded=preloaded(), age_s=round(time.time() - process_started_wall(), 3),
+                    join_s=round(joined - joining, 4))
         if prepared is None:  # a spare watches from the start
             die_with_parent(lambda: strategy.clean_up_run(run_dir))
         detectors = RankDetectors(roles.detectors, roles.policy)

@@ -53,6 +53,21 @@ def _replacement_start_s(later: list[dict]) -> float | None:
     return started["t_mono"] - restart["t_mono"] if started else None
 
 
+def replacement_parts(events: list[dict]) -> dict[str, float] | None:
+    """The replacement's start after the first fault, in parts: ``exec_s`` the supervisor's ``restart`` -> the
+    process created (its ``run_start`` age back from it: to 10 ms), ``process_s`` its interpreter, imports and roles,
+    ``join_s`` the group's forming with the survivors (``run_start``'s ``age_s`` and ``join_s``)."""
+    fault = first(events, "fault_injected")
+    later = [e for e in events if fault and e["t_mono"] >= fault["t_mono"]]
+    restart = next((e for e in later if e["kind"] == "restart" and e["rank"] is None), None)
+    started = next((e for e in later if e["kind"] == "run_start" and restart and e["t_mono"] >= restart["t_mono"]
+                    and "age_s" in e), None)
+    if started is None:
+        return None
+    return {"exec_s": started["t_wall"] - started["age_s"] - restart["t_wall"],
+            "process_s": started["age_s"] - started["join_s"], "join_s": started["join_s"]}
+
+
 def _heal(heal: dict | None) -> dict[str, Any]:
     """The replacement's heal (``ft_heal`` or ``replica_heal``): its whole call, the transfer alone, the bytes."""
     return {"heal_s": heal["heal_s"] if heal else None, "heal_transfer_s": heal["transfer_s"] if heal else None,
