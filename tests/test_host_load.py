@@ -86,6 +86,59 @@ def test_the_runs_descendants_are_its_own_cpu_whoever_reaps_them():
     assert figures["own_cpu_s"] >= 0.9 * burned, (figures, burned)
 
 
+def test_a_child_reaped_during_the_scan_is_counted_once(monkeypatch):
+    """The ranks exit as a reading is taken: one reaped between the read of the children's times and the scan of
+    /proc was in neither (a window then read more "other processes' CPU" than the cores have). The reading is
+    taken again until no child was reaped during its scan."""
+    import resource
+    from types import SimpleNamespace
+
+    import resilience.record.host_load as hl
+
+    children = iter([1.0, 5.0, 5.0, 5.0])  # a child with 4 s of CPU reaped during the first scan
+    real = resource.getrusage
+    monkeypatch.setattr(hl.resource, "getrusage", lambda who: real(who) if who == resource.RUSAGE_SELF else
+                        SimpleNamespace(ru_utime=next(children), ru_stime=0.0))
+
+    class Run:  # the reaped child is gone from /proc from the first scan on
+        def scan(self):
+            return self
+
+        def cpu_s(self):
+            return 0.0
+
+    me = real(resource.RUSAGE_SELF)
+    got = hl.CpuTimes.now(Run())
+    assert got.own_s == pytest.approx(me.ru_utime + me.ru_stime + 5.0, abs=0.05) and got.unreaped_s == 0.0
+
+
+def test_a_process_reaped_inside_the_run_during_a_scan_keeps_its_time(monkeypatch):
+    """Its parent's line read before the reap lacks the child's time, and the child is gone when its turn comes:
+    the parent is read again once the child is known gone."""
+    import resilience.record.host_load as hl
+
+    stale = {"200": True}  # the first read of the parent in the second scan: before it reaped 300
+    lines = {"200": (100, 1, 1.0), "300": (200, 2, 4.0)}
+
+    def stat(pid: str):
+        if pid == "200" and scans[0] == 2 and stale["200"]:
+            stale["200"] = False
+            return 100, 1, 1.0
+        return lines.get(pid)
+
+    scans = [0]
+    monkeypatch.setattr(hl, "_stat", stat)
+    monkeypatch.setattr(hl, "PROC", type("P", (), {"iterdir": lambda self: [type("E", (), {"name": n})() for n in
+                                                                           sorted(lines)]})())
+    run = hl.RunProcesses(root=100)
+    scans[0] = 1
+    assert run.scan().cpu_s() == 5.0
+    del lines["300"]
+    lines["200"] = (100, 1, 5.0)  # reaped: the parent's line holds its time now
+    scans[0] = 2
+    assert run.scan().cpu_s() == 5.0
+
+
 def test_verdicts():
     quiet = {"other_cpu_frac": 0.02, "steal_frac": 0.0, "memory_pressure_max": 0.0, "thresholds": LIMITS}
     assert _validity(quiet, [])["verdict"] == "valid"

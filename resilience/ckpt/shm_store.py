@@ -40,6 +40,7 @@ PREFIX = "rbmem-"
 PAGE = mmap.PAGESIZE
 SLOTS = 2
 ALIGN = 64  # tensor offsets: aligned for every dtype and for vectorised copies
+READ_BLOCK = 4 << 20  # a load reads and sums this much at a time (each block summed while in cache)
 FILE_MAGIC = b"RBMEM02\0"  # 02: a 64-bit xxh3_64 of the data in the slot header (01: a CRC32)
 FILE_HEAD = struct.Struct("<8sQQ")  # magic, slot capacity, number of slots
 # step, attempt, data_len, meta_off, meta_len, checksum of the data (if HAS_SUM), flags, CRC32 of the fields before
@@ -217,10 +218,15 @@ class Area:
         direct = dst.device.type == "cpu" and dst.is_contiguous()
         target = dst if direct else torch.empty(dst.shape, dtype=dst.dtype)
         view = memoryview(target.reshape(-1).view(torch.uint8).numpy())
-        if view.nbytes and os.preadv(self._fd, [view], self._slot_at(info.index) + offset) != view.nbytes:
-            raise OSError(f"{self.path}: short read at {offset}")
-        if running is not None:
-            running.update(view)
+        base = self._slot_at(info.index) + offset
+        # block by block, each summed while it is still in cache: a second pass over a large tensor (an embedding
+        # table of hundreds of MB) would read it back from memory
+        for at in range(0, view.nbytes, READ_BLOCK):
+            block = view[at:at + READ_BLOCK]
+            if os.preadv(self._fd, [block], base + at) != block.nbytes:
+                raise OSError(f"{self.path}: short read at {offset + at}")
+            if running is not None:
+                running.update(block)
         if not direct:
             dst.copy_(target)
 

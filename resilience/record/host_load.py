@@ -34,6 +34,7 @@ from typing import Any
 
 PROC = Path("/proc")
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SCAN_TRIES = 3  # then the last reading stands: a child reaped after the scan is counted twice (errs toward valid)
 
 
 def _stat(pid: str) -> tuple[int, int, float] | None:
@@ -59,7 +60,7 @@ class RunProcesses:
 
     def __init__(self, root: int | None = None) -> None:
         self.root = os.getpid() if root is None else root
-        self.known: dict[int, tuple[int, float, bool]] = {}  # pid -> (start ticks, CPU s, parent in the run)
+        self.known: dict[int, tuple[int, float, bool, int]] = {}  # pid -> (start ticks, CPU s, parent in run, parent)
         self.gone_s = 0.0  # processes that left the tree and died: their last reading
 
     def scan(self) -> RunProcesses:
@@ -70,22 +71,25 @@ class RunProcesses:
         kids: dict[int, list[int]] = {}
         for pid, (ppid, _, _) in table.items():
             kids.setdefault(ppid, []).append(pid)
-        roots = [self.root] + [p for p, (start, _, _) in self.known.items() if p in table and table[p][1] == start]
+        roots = [self.root] + [p for p, (start, _, _, _) in self.known.items() if p in table and table[p][1] == start]
         mine, todo = set(roots) - {self.root}, list(roots)
         while todo:  # the descendants of the sampling process and of every process once seen as the run's
             for child in kids.get(todo.pop(), ()):
                 if child not in mine and child != self.root:
                     mine.add(child)
                     todo.append(child)
-        for pid, (start, cpu, in_run) in self.known.items():
+        for pid, (start, cpu, in_run, parent) in self.known.items():
             if pid not in table or table[pid][1] != start:  # died: reaped inside the run, or by init
                 self.gone_s += 0.0 if in_run else cpu
-        self.known = {p: (table[p][1], table[p][2], table[p][0] == self.root or table[p][0] in mine)
+                if in_run and parent in mine and (again := _stat(str(parent))) is not None:
+                    # its reaper's line may have been read before the reap, without the child's time: read it after
+                    table[parent] = again
+        self.known = {p: (table[p][1], table[p][2], table[p][0] == self.root or table[p][0] in mine, table[p][0])
                       for p in mine}
         return self
 
     def cpu_s(self) -> float:
-        return self.gone_s + sum(cpu for _, cpu, _ in self.known.values())
+        return self.gone_s + sum(cpu for _, cpu, _, _ in self.known.values())
 
 
 @dataclass(frozen=True)
@@ -104,12 +108,25 @@ class CpuTimes:
         except (OSError, ValueError, IndexError):
             return None
         user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        unreaped = run.scan().cpu_s() if run else 0.0
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        # A child this process reaps between reading its children's times and the scan of /proc is in neither: a
+        # rank's whole CPU time (seconds) once went missing from a reading taken as the ranks exited, and a window
+        # bracketed by it read "other processes' CPU 2.93" of 2 cores. Read them on both sides of the scan until
+        # no child was reaped during it (the scan then holds exactly the processes the children's times do not).
+        for _ in range(SCAN_TRIES):
+            before = _children_s()
+            unreaped = run.scan().cpu_s() if run else 0.0
+            kids = _children_s()
+            if kids == before:
+                break
         return CpuTimes(busy_s=(user + nice + system + irq + softirq) / TICK, steal_s=steal / TICK,
                         total_s=(user + nice + system + idle + iowait + irq + softirq + steal) / TICK,
-                        own_s=me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + unreaped,
-                        unreaped_s=unreaped, t_mono=time.monotonic())
+                        own_s=me.ru_utime + me.ru_stime + kids + unreaped, unreaped_s=unreaped, t_mono=time.monotonic())
+
+
+def _children_s() -> float:
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
 
 
 def _pressure(kind: str) -> float | None:
