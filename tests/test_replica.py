@@ -132,6 +132,8 @@ def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, descripti
     restarts = [e for e in events if e["kind"] == "restart"]
     assert [e["ranks"] for e in restarts] == [[failed]]
     assert restarts[0]["from_spares"] == ([failed] if "supervisor.spares=1" in overrides else [])
+    # a cold replacement starts while the incident settles (before the event); a warm spare is not started
+    assert (restarts[0]["spawned_s_before"] > 0) == ("supervisor.spares=1" not in overrides)
     assert len([e for e in events if e["kind"] == "fault_detected"]) == 1  # a heartbeat kill is no second fault
     rejoined = [e for e in events if e["kind"] == "rejoined"]
     assert [e["rank"] for e in rejoined] == [1 - failed] and rejoined[0]["generation"] == 1

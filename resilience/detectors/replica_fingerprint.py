@@ -16,7 +16,7 @@ What a check reads, so that its cost follows what the step touched and not the s
    the check's number only, so every rank (a replacement included) reads the same bytes.
 
 How often: ``every=auto`` (the default) checks the first ``calibration`` steps, then every ``every`` steps where
-``every`` is the shortest interval whose checks cost at most ``budget`` (1.5%) of the step: the slowest rank's
+``every`` is the shortest interval whose checks cost at most ``budget`` (1%) of the step: the slowest rank's
 typical check over the fastest rank's typical step, both all-gathered with the fingerprints so that every rank
 decides the same; rank 0 records it (``fingerprint_interval``) and a rank started later (a restart, a replacement)
 takes it from the record. The detection latency is then up to ``every`` steps (gpt_tiny 2, dlrm_emb 5 on 2 CPU
@@ -118,7 +118,7 @@ class ReplicaFingerprint(Detector):
 
     caps = DetectorCaps(compares_ranks=True)  # all-gathers the fingerprints over the rank's process group
 
-    def __init__(self, every: int | str = "auto", budget: float = 0.015, calibration: int = 5,
+    def __init__(self, every: int | str = "auto", budget: float = 0.01, calibration: int = 5,
                  slice_share: float = 0.5, slice_min_mb: float = 2.0) -> None:
         self.auto = every == "auto"
         if not self.auto and not isinstance(every, int):

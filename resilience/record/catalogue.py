@@ -78,7 +78,8 @@ _SUPERVISOR: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("launch", ("world_size", "max_restarts", "recovery"), "the supervisor starts the ranks: a run's time starts here"),
     ("detector_unavailable", ("detector", "reason"), "a configured detector cannot run on this host"),
     ("restart", ("policy", "restart", "max_restarts"),
-     "the supervisor starts ranks again: all of them, or (with `ranks`) the failed ones"),
+     "the supervisor starts ranks again: all of them, or (with `ranks`) the failed ones, started `spawned_s_before` "
+     "this event (while their incident settled)"),
     ("unrecoverable", ("ranks", "reason"), "the run ends before its restart budget: no restart can mend it"),
     ("node_returned", ("ranks", "after_s"), "recovery=grow: the lost node is back"),
     ("world_resized", ("world_size", "previous", "direction"),

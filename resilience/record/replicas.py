@@ -50,7 +50,13 @@ def _replacement_start_s(later: list[dict]) -> float | None:
     restart = next((e for e in later if e["kind"] == "restart" and e["rank"] is None), None)
     started = next((e for e in later if e["kind"] == "run_start" and restart and e["t_mono"] >= restart["t_mono"]),
                    None)
-    return started["t_mono"] - restart["t_mono"] if started else None
+    return started["t_mono"] - spawned_at(restart) if started else None
+
+
+def spawned_at(restart: dict) -> float:
+    """When the supervisor started the replacements of a ``restart`` (``t_mono``): before the event when it
+    started them while their incident settled."""
+    return restart["t_mono"] - restart.get("spawned_s_before", 0.0)
 
 
 def replacement_parts(events: list[dict]) -> dict[str, float] | None:
@@ -64,7 +70,7 @@ def replacement_parts(events: list[dict]) -> dict[str, float] | None:
                     and "age_s" in e), None)
     if started is None:
         return None
-    return {"exec_s": started["t_wall"] - started["age_s"] - restart["t_wall"],
+    return {"exec_s": started["t_wall"] - started["age_s"] - (restart["t_wall"] - restart.get("spawned_s_before", 0.0)),
             "process_s": started["age_s"] - started["join_s"], "join_s": started["join_s"]}
 
 

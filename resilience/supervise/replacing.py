@@ -48,6 +48,8 @@ class ReplacingSupervisor(Supervisor):
         self._spares: list[tuple[int, subprocess.Popen]] = []
         self._spares_started = 0
         self._killed: set[int] = set()  # ranks a detector had aborted: their exit is no news
+        self._prespawned: set[int] = set()  # replacements started while their incident settled (_prespawn)
+        self._prespawned_at = 0.0
         self._generation, self._left = 0, self.max_restarts
         # What the strategy and the detectors run beside the ranks for the whole run (torchft's lighthouse, NVRx's
         # rank monitors); the ranks inherit the environment they set (the lighthouse's address).
@@ -88,6 +90,7 @@ class ReplacingSupervisor(Supervisor):
         # detected now; the replacement waits for the ranks that go with them
         if news := unplanned({r: c for r, c in failed.items() if r not in self._killed}):
             observer.exited(news)
+        self._prespawn(failed)
         if late := self._settle(failed):
             if news := unplanned(late):
                 observer.exited(news)
@@ -106,6 +109,19 @@ class ReplacingSupervisor(Supervisor):
             return "failed"
         self._replace(sorted(failed), events, planned)
         return None
+
+    def _prespawn(self, failed: dict[int, int]) -> None:
+        """Start the replacements of ``failed`` now, while the incident settles: their interpreters and imports need
+        no generation to be open, only its number (they form its group once the survivors see it). Not when a warm
+        spare will take the rank, the ranks moved on a maintenance notice, or no restart is left (then the
+        processes started here are stopped with the run)."""
+        if self._left == 0 or any(p.poll() is None for _, p in self._spares) or \
+                all(c == DRAIN_EXIT for c in failed.values()) or NOTHING_TO_RECOVER_EXIT in failed.values():
+            return
+        self._prespawned_at = time.monotonic()
+        for rank in sorted(failed):
+            self._spawn(rank, self._generation + 1)
+            self._prespawned.add(rank)
 
     def _settle(self, failed: dict[int, int]) -> dict[int, int]:
         """The ranks that fail within ``SETTLE_S`` after ``failed``: the same incident, replaced with them."""
@@ -135,12 +151,14 @@ class ReplacingSupervisor(Supervisor):
         self._store.set(GENERATION_KEY, str(generation))  # survivors waiting to re-form the group see it now
         for service in self.agent_services():
             service.before_restart()
-        by_spare = [rank for rank in failed if self._assign_spare(rank, generation)]
-        for rank in sorted(set(failed) - set(by_spare)):
+        started, self._prespawned = self._prespawned, set()
+        by_spare = [rank for rank in failed if rank not in started and self._assign_spare(rank, generation)]
+        for rank in sorted(set(failed) - set(by_spare) - started):
             self._spawn(rank, generation)
         used = self.max_restarts - self._left
         events.emit("restart", policy=self.policy.name, restart=used, max_restarts=self.max_restarts, ranks=failed,
-                    from_spares=by_spare, planned=planned)
+                    from_spares=by_spare, planned=planned,
+                    spawned_s_before=round(time.monotonic() - self._prespawned_at, 4) if started else 0.0)
         others = "; the others keep running" if len(failed) < self.world_size else ""
         spares = ' with warm spares' if by_spare else ''
         say(f"moving rank(s) {failed} off their node before its maintenance{spares}{others}" if planned else
