@@ -25,9 +25,10 @@ import importlib
 import multiprocessing.forkserver as forkserver
 import os
 import platform
+import secrets
 import signal
 import socket
-from multiprocessing import connection, resource_tracker, util
+from multiprocessing import resource_tracker
 from typing import Any
 
 from resilience.record.torch_workarounds import declare
@@ -64,10 +65,10 @@ def start() -> bool:
             return False  # an earlier attempt in this process started it (in-process restarts)
         resource_tracker.ensure_running()  # as ensure_running does: the workers' shared memory is tracked
         listener = socket.socket(socket.AF_UNIX)
-        address = connection.arbitrary_address("AF_UNIX")
+        # an abstract address (Linux): nothing on disk; the stdlib's path in a /tmp/pymp-* directory is removed by an
+        # exit handler that a rank, which ends with os._exit, never runs (thousands of them had piled up in /tmp)
+        address = f"\0rb-fork-server-{os.getpid()}-{secrets.token_hex(4)}"
         listener.bind(address)
-        if not util.is_abstract_socket_namespace(address):
-            os.chmod(address, 0o600)
         listener.listen()
         alive_r, alive_w = os.pipe()  # the server ends when this process (the write end's only holder) does
         pid = os.fork()
