@@ -44,13 +44,18 @@ def replica_groups(events: list[dict], world_size: int) -> dict[str, Any]:
     return out
 
 
-def _replacement_start_s(later: list[dict]) -> float | None:
-    """The supervisor's ``restart`` -> the replacement's ``run_start`` (interpreter, torch, model; a warm spare
-    only joins), among the events after the fault."""
+def _replacement(later: list[dict]) -> tuple[dict, dict] | None:
+    """The supervisor's ``restart`` and the replacement's ``run_start`` after it, among the events after a fault."""
     restart = next((e for e in later if e["kind"] == "restart" and e["rank"] is None), None)
     started = next((e for e in later if e["kind"] == "run_start" and restart and e["t_mono"] >= restart["t_mono"]),
                    None)
-    return started["t_mono"] - spawned_at(restart) if started else None
+    return (restart, started) if started else None
+
+
+def _replacement_start_s(later: list[dict]) -> float | None:
+    """The replacement's spawn -> its ``run_start`` (interpreter, torch, model; a warm spare only joins)."""
+    found = _replacement(later)
+    return found[1]["t_mono"] - spawned_at(found[0]) if found else None
 
 
 def spawned_at(restart: dict) -> float:
@@ -60,17 +65,15 @@ def spawned_at(restart: dict) -> float:
 
 
 def replacement_parts(events: list[dict]) -> dict[str, float] | None:
-    """The replacement's start after the first fault, in parts: ``exec_s`` the supervisor's ``restart`` -> the
-    process created (its ``run_start`` age back from it: to 10 ms), ``process_s`` its interpreter, imports and roles,
-    ``join_s`` the group's forming with the survivors (``run_start``'s ``age_s`` and ``join_s``)."""
+    """The replacement's start after the first fault, in parts: ``exec_s`` its spawn -> the process created (its
+    ``run_start`` age back from it: to 10 ms), ``process_s`` its interpreter, imports and roles, ``join_s`` the
+    group's forming with the survivors (``run_start``'s ``age_s`` and ``join_s``)."""
     fault = first(events, "fault_injected")
-    later = [e for e in events if fault and e["t_mono"] >= fault["t_mono"]]
-    restart = next((e for e in later if e["kind"] == "restart" and e["rank"] is None), None)
-    started = next((e for e in later if e["kind"] == "run_start" and restart and e["t_mono"] >= restart["t_mono"]
-                    and "age_s" in e), None)
-    if started is None:
+    found = _replacement([e for e in events if fault and e["t_mono"] >= fault["t_mono"]])
+    if found is None or "age_s" not in found[1]:
         return None
-    return {"exec_s": started["t_wall"] - started["age_s"] - (restart["t_wall"] - restart.get("spawned_s_before", 0.0)),
+    restart, started = found
+    return {"exec_s": started["t_mono"] - started["age_s"] - spawned_at(restart),
             "process_s": started["age_s"] - started["join_s"], "join_s": started["join_s"]}
 
 
