@@ -238,6 +238,7 @@ class Pass:
 
     def __init__(self, names: list[str], work: Path, out: Path, jobs: int, on_cpu: bool = False) -> None:
         self.names, self.work, self.out, self.jobs, self.on_cpu = names, work, out, jobs, on_cpu
+        out.parent.mkdir(parents=True, exist_ok=True)  # --out need not lie under --work
         self.done: dict[str, Row] = {}
         self.started = time.monotonic()
 
