@@ -121,7 +121,10 @@ RUNS = [
     RunCheck("bitflip_cuda", "an exponent bit flipped in a CUDA weight of rank 1 of 3; rollback",
              ["fault=bitflip", "fault.target=weights", "fault.bit=exponent", "fault.rank=1", "fault.at_step=12",
               "recovery=rollback", "steps=20", "checkpoint.every=5", "seed=0", "world_size=3", "device=cuda",
-              "backend=gloo", "detector=[process_exit,heartbeat,nonfinite,replica_fingerprint,ckpt_integrity]"],
+              "backend=gloo", "detector=[process_exit,heartbeat,nonfinite,replica_fingerprint,ckpt_integrity]",
+              # a fixed interval: `auto` at budget 0.01 decides ~16 steps on CUDA over gloo (a 7.6 ms check on a
+              # 48 ms step), past this run's end; what is checked here is detection and rollback on CUDA
+              "detectors.replica_fingerprint.every=2"],
              _bitflip_caught),
     RunCheck("async_cuda", "our async snapshot (pinned staging) on CUDA; killed, restarted",
              ["strategy=async", "fault=kill", *ONE_RANK, *SHORT]),
