@@ -190,7 +190,9 @@ def auto_fault_step(cfg: DictConfig) -> int:
     """``fault.at_step=auto``: three steps after the second checkpoint (13 with every=5: work is lost, and an
     older checkpoint exists), or the middle of a run too short for that; at a checkpoint step when the fault
     strikes during one. A shorter ``steps=`` on the command line then needs no matching ``fault.at_step=``."""
-    steps, every = _integer(cfg, "steps", 1), _integer(cfg, "checkpoint.every", 1)
+    steps = _integer(cfg, "steps", 1)
+    # checkpoint.every=auto: its first checkpoints come at checkpoint.auto.first
+    every = _integer(cfg, "checkpoint.auto.first" if cfg.checkpoint.every == "auto" else "checkpoint.every", 1)
     if cfg.fault.get("phase") == "during_checkpoint":
         candidates = (2 * every, every)
     else:

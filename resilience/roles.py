@@ -20,6 +20,7 @@ from resilience.parallel.base import Parallelism
 from resilience.parallel.ddp import DataParallel
 from resilience.recovery.base import RecoveryPolicy
 from resilience.strategies.base import CheckpointStrategy
+from resilience.strategies.interval import AutoInterval, interval_of
 from resilience.workloads.base import Workload
 
 
@@ -40,7 +41,10 @@ def build_roles(cfg: DictConfig) -> Roles:
     try:
         roles = Roles(
             workload=instantiate(cfg.workload, seed=cfg.seed),
-            strategy=instantiate(cfg.strategy, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep),
+            # partial: the interval is an object (checkpoint.every=auto's), which Hydra's config cannot carry
+            strategy=instantiate(cfg.strategy, _partial_=True)(
+                every=interval_of(cfg.checkpoint.every, OmegaConf.select(cfg, "checkpoint.auto")),
+                keep=cfg.checkpoint.keep),
             injector=instantiate(cfg.fault),
             policy=instantiate(cfg.recovery),
             detectors=[instantiate(d) for d in cfg.detectors.values()],
@@ -56,6 +60,11 @@ def build_roles(cfg: DictConfig) -> Roles:
         raise ValueError(f"{type(cause).__name__}: {cause}") from None
     strategy = roles.strategy
     check(combination(cfg, roles))  # the table of which roles go together (resilience.compat)
+    if strategy.caps.saves:
+        strategy.interval.check()
+    if isinstance(strategy.interval, AutoInterval) and "during_checkpoint" in getattr(roles.injector, "phases", ()):
+        raise ValueError("fault.phase=during_checkpoint: needs a fixed checkpoint.every (with auto no step is known "
+                         "to be a checkpoint's before the run)")
     roles.injector.validate(int(cfg.world_size), int(cfg.steps), strategy.every if strategy.caps.saves else None)
     roles.injector.check_workload(roles.workload)
     return roles

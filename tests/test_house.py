@@ -28,7 +28,9 @@ PACKAGES = ("resilience", "injectors", "reports")
 # (what a user runs) are the top floor; nothing beneath imports them.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("resilience.settings", "resilience.caps", "resilience.compat", "resilience.proc", "resilience.state",
-                "resilience.record", "resilience.workloads", "resilience.data")),
+                "resilience.record", "resilience.workloads", "resilience.data",
+                # the interval formulas, numpy alone: the projection's and checkpoint.every=auto's (one place)
+                "resilience.projection.intervals")),
     ("services", ("resilience.runtime", "resilience.ckpt")),
     ("roles", ("resilience.strategies", "resilience.detectors", "resilience.recovery", "resilience.parallel",
                "resilience.libs", "injectors")),
@@ -168,7 +170,7 @@ def variant_of(group: str, option: str) -> str:
 
 
 # The bases that option modules share; every other module of resilience/strategies/ is an option's.
-STRATEGY_BASES = {"base", "background"}
+STRATEGY_BASES = {"base", "background", "interval"}  # interval: when every option saves
 
 
 def test_the_strategies_room_holds_the_options_and_their_bases_alone():

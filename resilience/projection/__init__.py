@@ -10,21 +10,28 @@ and ``parity`` (its out-of-sample validation on real runs).
 
 from __future__ import annotations
 
-from resilience.projection.calibration import FailureBand, PublishedFigure, read_figures
-from resilience.projection.cost_model import ComponentCost, CostsAtScale, StrategyCosts, fit_component
-from resilience.projection.failure_model import (RECOVERY_KINDS, FailureModel, FailureTable, RecoveryKind,
-                                                 per_gpu_mttf_hours)
-from resilience.projection.goodput import goodput, predicted_goodput, recovery_survival
-from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
-from resilience.projection.measured import fit_strategies, read_measured
-from resilience.projection.scenario import Scenario, Storage, build_scenario
-from resilience.projection.simulator import SimulationResult, simulate
-from resilience.projection.validation import ConfigError
+import importlib
+from typing import Any
 
-__all__ = [
-    "RECOVERY_KINDS", "ComponentCost", "ConfigError", "CostsAtScale", "FailureBand", "FailureModel", "FailureTable",
-    "PublishedFigure", "RecoveryKind", "read_figures",
-    "Scenario", "SimulationResult", "Storage", "StrategyCosts", "build_scenario", "daly_interval", "fit_component",
-    "fit_strategies", "goodput", "optimal_interval", "per_gpu_mttf_hours", "predicted_goodput", "read_measured",
-    "recovery_survival", "simulate", "young_interval",
-]
+# name -> its module: imported on first use (PEP 562), so that a rank needing one formula (checkpoint.every=auto
+# uses ``intervals``) does not import pandas with the fitting and report modules (1.1 s at a rank's start)
+_WHERE = {
+    "calibration": ("FailureBand", "PublishedFigure", "read_figures"),
+    "cost_model": ("ComponentCost", "CostsAtScale", "StrategyCosts", "fit_component"),
+    "failure_model": ("RECOVERY_KINDS", "FailureModel", "FailureTable", "RecoveryKind", "per_gpu_mttf_hours"),
+    "goodput": ("goodput", "predicted_goodput", "recovery_survival"),
+    "intervals": ("daly_interval", "optimal_interval", "young_interval"),
+    "measured": ("fit_strategies", "read_measured"),
+    "scenario": ("Scenario", "Storage", "build_scenario"),
+    "simulator": ("SimulationResult", "simulate"),
+    "validation": ("ConfigError",),
+}
+_MODULE = {name: module for module, names in _WHERE.items() for name in names}
+__all__ = sorted(_MODULE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE[name]}"), name)
+

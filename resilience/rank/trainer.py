@@ -67,7 +67,9 @@ class Trainer:
         control = strategy.step_control(state) if isinstance(strategy, OwnsStep) else None
         self.recipe = Recipe(cfg, rt, workload, state)
         self.control = control or StepControl(state.optimizer, self.recipe.scaler)
-        self.every = int(cfg.checkpoint.every)
+        # where the real loop hashes its parts (the reference's at the same steps): every step where the
+        # checkpoint steps are chosen as the run goes (checkpoint.every=auto)
+        self.every = 1 if cfg.checkpoint.every == "auto" else int(cfg.checkpoint.every)
         self.steps = int(cfg.steps)
         self.log_every = int(cfg.log_every)
         # Where the previous attempt was hit: reaching it again marks the end of the recovery.

@@ -312,6 +312,9 @@ def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
         "ckpt_persist_waits": sum(w > 0 for w in waits),
         "ckpt_durable_s": median([s.seconds for s in durable_times(rank0)]),
         "ckpt_bytes": median([e["bytes"] for e in durable]),
+        # checkpoint.every=auto: every interval it chose, from which step, and why (resilience.strategies.interval)
+        "checkpoint_intervals": [{"step": e["step"], "interval": e["interval"], "reason": e["reason"]}
+                                 for e in rank0 if e["kind"] == "ckpt_interval"],
     }
 
 

@@ -34,7 +34,7 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
         "seed": int(cfg.seed),
         "world_size": int(cfg.world_size),
         "steps": int(cfg.steps),
-        "checkpoint_every": int(cfg.checkpoint.every),
+        "checkpoint_every": cfg.checkpoint.every if cfg.checkpoint.every == "auto" else int(cfg.checkpoint.every),
         "device": cfg.device,
         "backend": cfg.backend,
         "parallel": parallel_identity(cfg),

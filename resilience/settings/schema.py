@@ -57,8 +57,20 @@ class FirstStart(str, Enum):
 
 
 @dataclass
+class AutoInterval:  # checkpoint.every=auto's settings (resilience.strategies.interval checks the rule and M)
+    rule: str = "optimal"
+    mtbf_s: Optional[float] = above(0, None)
+    mtbf_steps: Optional[float] = above(0, None)
+    budget: Optional[float] = above(0, None)
+    first: int = at_least(1, 5)
+    calibration: int = at_least(1, 2)
+    max_every: int = at_least(1, 10000)
+
+
+@dataclass
 class Checkpoint:
-    every: int = at_least(1, 5)
+    every: Any = 5  # an integer >= 1 | auto (checked where the interval is built: resilience.strategies.interval)
+    auto: AutoInterval = field(default_factory=AutoInterval)
     keep: int = at_least(1, 2)
     dir: Optional[str] = None
     keep_after_run: Any = "auto"  # auto | true | false: OmegaConf has no Literal type (checked in config.resolve)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from resilience.caps import Named, StrategyCaps
 from resilience.settings.checks import require_int
+from resilience.strategies.interval import Interval, interval_of
 from resilience.runtime.rank import AgentService, NodeMemory, RankRuntime
 from resilience.state.train import RestorePoint, TrainState
 from resilience.workloads.base import Workload
@@ -24,14 +25,22 @@ class CheckpointStrategy(Named, ABC):
 
     caps = StrategyCaps()  # what it does, for the table of rules (resilience.compat): readable without building it
     _stalled: int | None = None  # the step whose save has begun and not yet ended its stall (``end_stall``)
+    _stall_s: float | None = None  # how long the last save's stall was (None: that save was skipped)
     # a save on a preemption's notice: the job is ending, so a strategy that writes only some saves to disk (the
     # others to memory, which dies with the job) writes this one
     on_notice: bool = False
 
-    def __init__(self, every: int, keep: int) -> None:
-        self.every = require_int("checkpoint.every", every, 1)
+    def __init__(self, every: int | str | Interval, keep: int) -> None:
+        # checkpoint.every: an integer, or auto (resilience.strategies.interval: chosen from the measured costs)
+        self.interval = every if isinstance(every, Interval) else interval_of(every, None)
         self.keep = require_int("checkpoint.keep", keep, 1)
         self.rt: RankRuntime | None = None
+        self._stall_began = 0.0
+
+    @property
+    def every(self) -> int:
+        """The interval in force (``checkpoint.every=auto``: the one chosen last)."""
+        return self.interval.every
 
     def node_memory(self, run_dir: Path) -> NodeMemory | None:
         """The service this strategy provides to the rank's runtime: what its nodes hold in memory (None: nothing)."""
@@ -61,10 +70,12 @@ class CheckpointStrategy(Named, ABC):
     def attach(self, rt: RankRuntime) -> None:
         """Bind to the rank that hosts this strategy (called once per attempt, before ``load``)."""
         self.rt = rt
+        self.interval.attach(rt)
 
     def due(self, step: int, total_steps: int) -> bool:
-        """A checkpoint is due after every ``every``-th step; the final state is not checkpointed (the run ends)."""
-        return self.caps.saves and step % self.every == 0 and 0 < step < total_steps
+        """A checkpoint is due after every ``every``-th step (or as ``checkpoint.every=auto`` chose); the final state
+        is not checkpointed (the run ends). Called at the end of every step."""
+        return self.caps.saves and self.interval.due(step, total_steps)
 
     def save(self, step: int, total_steps: int, state: TrainState) -> None:
         """Checkpoint ``state`` (the state after ``step`` optimizer steps) if one is due."""
@@ -83,16 +94,18 @@ class CheckpointStrategy(Named, ABC):
 
     def _checkpoint(self, step: int, state: TrainState) -> None:
         self.rt.events.emit("ckpt_begin", step=step)
-        self._stalled = step
+        self._stalled, self._stall_began, self._stall_s = step, time.monotonic(), None
         self._save(step, state)
         self.end_stall(step)  # training goes on now, unless the strategy said so earlier (or skipped the save)
+        if not self.on_notice:  # a notice's save is off the interval (and the job ends)
+            self.interval.saved(step, self._stall_s)  # None: skipped (when_busy=skip), no stall to sample
 
     def end_stall(self, step: int, **fields: Any) -> None:
         """Record that training may go on after the save of ``step`` (``ckpt_stall_end``), once per save: ``save``
         calls it when ``_save`` returns; a strategy whose stall ends earlier (it then starts its background
         persist) calls it at that point, with any fields of its own."""
         if self._stalled == step:
-            self._stalled = None
+            self._stalled, self._stall_s = None, time.monotonic() - self._stall_began
             self.rt.events.emit("ckpt_stall_end", step=step, **fields)
 
     def skip_stall(self) -> None:

@@ -1,0 +1,146 @@
+"""checkpoint.every=auto (resilience.strategies.interval): the rules' arithmetic, the calibration and the choices
+a rank makes from its timings, and a real run that recovers bit-exact at the steps it chose."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import run_cli, run_experiment
+from resilience.projection.intervals import optimal_interval
+from resilience.record.events import EventLog, read_events
+from resilience.strategies import interval as iv
+from resilience.strategies.interval import AutoInterval, Costs, Interval, interval_of
+
+
+def auto(**kw) -> AutoInterval:
+    a = AutoInterval(**({} if "mtbf_steps" in kw or "mtbf_s" in kw else {"mtbf_s": 100.0}), **kw)
+    a.check()
+    return a
+
+
+def test_the_rules_arithmetic():
+    c = Costs(stall_s=0.5, step_s=0.1, mtbf_s=100.0)
+    assert auto(rule="young").choose(c)[0] == round(math.sqrt(2 * 0.5 * 100) / 0.1)  # 100 steps
+    assert auto(rule="optimal").choose(c)[0] == round(optimal_interval(0.5, 100.0) / 0.1)
+    assert auto(rule="daly").choose(c)[0] != auto(rule="young").choose(c)[0]  # the higher-order terms
+    # checkfreq: the most frequent within the budget: 0.5 s per checkpoint at <= 5% of 0.1 s steps: 100 steps
+    every, why = auto(rule="checkfreq", budget=0.05).choose(c)
+    assert every == 100 and "checkfreq" in why and "= 100 steps" in why
+    # a budget caps the others: young's 100 steps cost 5%; at 1% it must be 500
+    every, why = auto(rule="young", budget=0.01).choose(c)
+    assert every == 500 and "lengthened to budget 0.01" in why
+    assert auto(rule="young", max_every=7).choose(c) == (7, pytest.approx(auto(rule="young", max_every=7).choose(c)[1]))
+    assert "capped at max_every" in auto(rule="young", max_every=7).choose(c)[1]
+
+
+@pytest.mark.parametrize("every,auto_settings,message", [
+    ("abc", None, "checkpoint.every=abc: must be an integer >= 1, or auto"),
+    (0, None, "checkpoint.every=0: must be an integer >= 1, or auto"),
+    ("auto", {"rule": "fast", "mtbf_s": 1.0}, "checkpoint.auto.rule=fast: must be one of"),
+    ("auto", {"rule": "checkfreq", "mtbf_s": 1.0}, "checkpoint.auto.rule=checkfreq: give checkpoint.auto.budget"),
+])
+def test_bad_settings_name_the_setting(every, auto_settings, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        interval_of(every, auto_settings)
+
+
+def test_the_failure_rate_is_required_only_where_checkpoints_are_taken():
+    a = interval_of("auto", {})  # a run that never saves (the reference) builds it
+    with pytest.raises(ValueError, match="exactly one of checkpoint.auto.mtbf_s or checkpoint.auto.mtbf_steps"):
+        a.check()
+    with pytest.raises(ValueError, match="exactly one"):
+        interval_of("auto", {"mtbf_s": 5.0, "mtbf_steps": 50}).check()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rank(tmp_path: Path, rank: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(rank=rank, run_dir=tmp_path, device=torch.device("cpu"), events=EventLog(tmp_path, rank, 0))
+
+
+def train(a: AutoInterval, clock: Clock, first: int, last: int, step_s: float, stall_s: float) -> list[int]:
+    """Drive ``a`` as the trainer and a strategy do: due() at every step's end, saved() after a due one's stall."""
+    saved = []
+    for step in range(first, last + 1):
+        clock.now += step_s
+        if a.due(step, 10_000) and a.due(step, 10_000):  # save() asks again: the second call times nothing
+            clock.now += stall_s
+            a.saved(step, stall_s)
+            saved.append(step)
+    return saved
+
+
+def test_calibrates_then_chooses_from_the_timed_costs_and_a_restart_goes_on_from_the_choice(tmp_path, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(iv.time, "monotonic", clock)
+    a = auto(rule="young", mtbf_steps=1000, first=5, calibration=2)
+    a.attach(rank(tmp_path))
+    saved = train(a, clock, 1, 80, step_s=0.1, stall_s=0.2)
+    # steps 5 and 10 timed at the first interval; then young: sqrt(2 x 0.2 x (1000 x 0.1)) = 6.32 s = 63 steps
+    assert saved[:3] == [5, 10, 73]
+    [chosen] = [e for e in read_events(tmp_path) if e["kind"] == "ckpt_interval"]
+    assert chosen["step"] == 10 and chosen["interval"] == 63
+    assert chosen["step_s"] == pytest.approx(0.1) and chosen["stall_s"] == pytest.approx(0.2)  # stall taken off
+    # a new attempt (restarted from step 73) starts at the choice: no calibration, the first save 63 steps on
+    b = auto(rule="young", mtbf_steps=1000, first=5, calibration=2)
+    b.attach(rank(tmp_path))
+    assert b.every == 63 and train(b, clock, 74, 140, step_s=0.1, stall_s=0.2) == [136]
+
+
+def test_a_slower_save_is_followed(tmp_path, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(iv.time, "monotonic", clock)
+    a = auto(rule="checkfreq", budget=0.1, mtbf_s=1e6, first=2, calibration=1)
+    a.attach(rank(tmp_path))
+    train(a, clock, 1, 30, step_s=0.1, stall_s=0.2)  # 0.2 s at <= 10% of 0.1 s steps: 20 steps
+    assert a.every == 20
+    train(a, clock, 31, 400, step_s=0.1, stall_s=1.0)  # the saves grew 5x: the median of the recent ones follows
+    assert a.every == 100
+    assert [e["interval"] for e in read_events(tmp_path) if e["kind"] == "ckpt_interval"][-1] == 100
+
+
+def test_a_fixed_interval_is_unchanged():
+    i = Interval(5)
+    assert [s for s in range(1, 30) if i.due(s, 20)] == [5, 10, 15]
+
+
+@pytest.mark.timeout(300)
+def test_auto_recovers_bit_exact_at_the_steps_it_chose(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_experiment(run_dir, "strategy=sync", "checkpoint.every=auto", "checkpoint.auto.mtbf_steps=40",
+                       "checkpoint.auto.first=3", "steps=45", "world_size=2", "seed=0", "fault=kill",
+                       "fault.rank=1", "fault.at_step=30", "reference.check=run", timeout=240)
+    assert r["status"] == "ok" and r["recovered"] and r["reference"]["matches"] is True
+    assert r["checkpoint_every"] == "auto" and r["checkpoint_intervals"]
+    events = read_events(run_dir)
+    for attempt in {e["attempt"] for e in events if e["kind"] == "ckpt_begin"}:
+        steps = {rk: [e["step"] for e in events if e["kind"] == "ckpt_begin" and e["rank"] == rk
+                      and e["attempt"] == attempt] for rk in (0, 1)}
+        assert steps[0] == steps[1]  # every rank saved at the same steps (a save is collective)
+    first = [e["step"] for e in events if e["kind"] == "ckpt_begin" and e["rank"] == 0 and e["attempt"] == 0]
+    choice = r["checkpoint_intervals"][0]
+    assert first[:2] == [3, 6] and choice["step"] == 6  # timed at `first`, chosen after `calibration` saves
+    if len(first) > 2:
+        assert first[2] == 6 + choice["interval"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("overrides,message", [
+    (("checkpoint.every=auto",), "checkpoint.every=auto: give the failure rate"),
+    (("checkpoint.every=auto", "checkpoint.auto.mtbf_s=60", "fault=kill", "fault.phase=during_checkpoint"),
+     "fault.phase=during_checkpoint: needs a fixed checkpoint.every"),
+])
+def test_refused_before_launch_with_one_line(tmp_path, overrides, message):
+    done = run_cli(*overrides, "steps=10", f"hydra.run.dir={tmp_path}")
+    assert done.returncode == 2 and message in done.stderr + done.stdout
