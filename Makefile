@@ -85,8 +85,8 @@ clean:
 # tags, so a compiled dependency needs only its name in GPU_WHEELS. `make gpu-check` there installs them, no
 # dependencies, and runs python -m resilience.bench.gpu_check (about 4 minutes on one H100);
 # `make gpu-check GPU_CHECK=--dry-run` anywhere composes its plan and runs nothing.
-GPU_WHEELS := hydra-core omegaconf torchsnapshot dlrover nvidia-resiliency-ext torchdata Deprecated defusedxml \
-              importlib_metadata lazy-importer nest-asyncio xxhash
+GPU_WHEELS := hydra-core omegaconf torchsnapshot torch-checkpointing dlrover nvidia-resiliency-ext torchdata Deprecated \
+              defusedxml importlib_metadata lazy-importer nest-asyncio xxhash
 GPU_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp $(foreach n,17 24 27 28 31 34 35 39,\
             --platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64
 GPU_CHECK ?=

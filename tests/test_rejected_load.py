@@ -23,8 +23,8 @@ from resilience.strategies.base import CheckpointStrategy
 from test_inmemory import attached, one_rank, trained_state  # noqa: F401 - a fixture: one gloo rank, no peers
 
 # every option of conf/strategy that saves to disk; dlrover_flash's saver runs in the rank here (no supervisor)
-WRITERS = ("sync", "async", "dcp_async", "dcp_async_staged", "dcp_async_process", "torchsnapshot", "nvrx_async",
-           "nvrx_async_dcp", "dlrover_flash_standalone", "inmemory")
+WRITERS = ("sync", "async", "dcp_async", "dcp_async_staged", "dcp_async_process", "torchsnapshot",
+           "torch_checkpointing", "nvrx_async", "nvrx_async_dcp", "dlrover_flash_standalone", "inmemory")
 SAVED_AT = 4  # inmemory persists every 4th snapshot to disk
 
 

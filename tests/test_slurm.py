@@ -76,8 +76,8 @@ def test_conda_env_has_every_dependency_at_the_locked_version():
         assert lock.get(name) == version, f"bench.yaml pins {name}=={version}, the lock says {lock.get(name)}"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    needed = list(project["dependencies"]) + [d for extra in ("torchsnapshot", "nvrx", "dlrover", "torchft", "data")
-                                              for d in extras[extra]]
+    needed = list(project["dependencies"]) + [d for extra in ("torchsnapshot", "torch_checkpointing", "nvrx", "dlrover",
+                                                              "torchft", "data") for d in extras[extra]]
     for requirement in needed:
         name = normalized(re.split(r"[<>=\[;\s]", requirement, maxsplit=1)[0])
         if name == "torch":

@@ -23,6 +23,10 @@ LONG: dict[str, str] = {
     "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
     # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded
     "tests/test_sharded_nvrx.py::test_hsdp_killed_during_a_save_recovers_bit_exact": "library x parallelism",
+    "tests/test_torch_checkpointing.py::test_fsdp_killed_during_a_save_recovers_bit_exact": "library x parallelism",
+    # a library's resharded loads, 4 -> 2 -> 4: CI keeps DCP's 2 -> 4 (tests/test_grow.py)
+    "tests/test_torch_checkpointing.py::test_a_world_shrunk_and_grown_back_ends_where_dcps_resharded_loads_end":
+        "resharding",
     "tests/test_sharded_dlrover.py::test_hsdp_killed_in_a_save_restores_every_rank_from_dlrovers_memory_bit_exact":
         "library x parallelism",
     "tests/test_hsdp_replica.py::test_hsdp_replica_moves_one_shard_and_ends_bit_exact": "recovery x parallelism",
