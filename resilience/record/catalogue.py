@@ -123,6 +123,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ckpt_failed", ("error",), "a save failed; training goes on without that checkpoint"),
     ("ckpt_skipped", ("reason",), "a due save was skipped (when_busy=skip: the previous persist is in flight)"),
     ("ckpt_persist_waited", ("duration_s",), "the stall waited this long for the previous persist (when_busy=wait)"),
+    ("ckpt_interval", ("interval", "reason"), "checkpoint.every=auto chose the interval from this step on, and why "
+     "(rank 0)"),
     ("snapshot_reserved", ("bytes", "duration_s"), "host buffers for snapshots were allocated ahead of the first"),
     ("ckpt_loaded", ("source", "bytes", "duration_s"), "the state of `step` was restored, from `source`"),
     ("ckpt_read_verified", ("files", "of_files", "bytes"), "a load read and checksummed these files"),

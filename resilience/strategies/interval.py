@@ -29,12 +29,8 @@ import torch
 import torch.distributed as dist
 
 from resilience.projection.intervals import daly_interval, optimal_interval, young_interval
-from resilience.record import catalogue
 from resilience.record.events import read_events
 from resilience.settings.checks import require_choice, require_int, require_number
-
-catalogue.register("ckpt_interval", ("strategy",), ("interval", "reason"),
-                   "checkpoint.every=auto chose the interval from this step on, and why (rank 0)")
 
 RULES = ("optimal", "young", "daly", "checkfreq")
 RECENT = 5    # the stalls a choice takes the median of: the cost as it is now, one slow save does not swing it
