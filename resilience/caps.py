@@ -53,6 +53,13 @@ class StrategyCaps(Caps):
     runs_in_supervisor: bool = False  # runs part of itself in the local supervisor across rank restarts
     min_replica_groups: int | None = None  # the fewest replica groups a step commits with (replicas across groups)
     owns_step: bool = False  # it applies the optimizer step itself (torchft's commit vote), not the training loop
+    # it saves, between full checkpoints, only the embedding rows that sparse gradients touched (Check-N-Run): it
+    # needs a workload with such tables (``WorkloadCaps.sparse_gradients``)
+    saves_touched_rows: bool = False
+    # why a restore from its checkpoints is not the saved state bit for bit, by design (quantized rows); None: it is.
+    # Its loads then say so (``ckpt_loaded_inexact``), and a run that restored one is not held to the bit-exact check
+    # against the fault-free run (``result.json``'s ``bit_exact``: "not by design: ..."); a run without a restore is.
+    inexact_restore: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

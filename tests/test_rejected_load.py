@@ -25,6 +25,8 @@ from test_inmemory import attached, one_rank, trained_state  # noqa: F401 - a fi
 # every option of conf/strategy that saves to disk; dlrover_flash's saver runs in the rank here (no supervisor)
 WRITERS = ("sync", "async", "dcp_async", "dcp_async_staged", "dcp_async_process", "torchsnapshot",
            "torch_checkpointing", "nvrx_async", "nvrx_async_dcp", "dlrover_flash_standalone", "inmemory")
+# Check-N-Run's chains (strategy=incremental|quantized): on this model, without embedding tables, every link is dense
+WRITERS += ("incremental", "quantized")
 SAVED_AT = 4  # inmemory persists every 4th snapshot to disk
 
 

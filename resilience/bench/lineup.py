@@ -27,11 +27,18 @@ def library(option: Option) -> PeerLibrary | None:
     return cls.library if issubclass(cls, PeerStrategy) else None
 
 
+def fits_the_defaults(option: Option) -> bool:
+    """Whether the table allows ``option`` with conf/config.yaml's other roles (the benches' gpt_tiny): a strategy
+    for another kind of model (``incremental``: embedding tables) is not a trial of the benches that train gpt_tiny."""
+    return compat.refusal(compat.defaults().choosing(option)) is None
+
+
 def checkpointing() -> tuple[str, ...]:
     """Every strategy that writes checkpoints, ours and the libraries', as the suite runs them: a library as shipped
     (``patches`` other than ``all``) is a finding of its own (docs/peers.md), not a trial of a bench."""
     return tuple(name for name, o in compat.options("strategy").items()  # a technique: of a family, not a
-                 if o.caps.saves and o.caps.family and o.settings.get("patches", "all") == "all")  # negative control
+                 if o.caps.saves and o.caps.family and o.settings.get("patches", "all") == "all"  # negative control
+                 and fits_the_defaults(o))
 
 
 def libraries() -> tuple[str, ...]:
@@ -50,7 +57,8 @@ def own() -> tuple[str, ...]:
     extra installed (ours, and torch's own DCP), each followed by its row with a warm spare; the default first."""
     spares = with_a_spare()
     mine = [name for name, o in compat.options("strategy").items() if o.option == o.name
-            and (o.caps.saves or o.caps.recovers_in_place) and not (library(o) and library(o).extra)]
+            and (o.caps.saves or o.caps.recovers_in_place) and not (library(o) and library(o).extra)
+            and fits_the_defaults(o)]
     return tuple(row for name in _default_first("strategy", mine)
                  for row in (name, *(s for s, (base, _) in spares.items() if base == name)))
 

@@ -158,6 +158,13 @@ RULES: list[Rule] = [
          lambda c: c.parallel.shards_state and c.workload.sparse_gradients,
          lambda c: f"{c.set('parallel')}: the workload's embeddings have sparse gradients, which FSDP's "
                    f"reduce-scatter cannot shard; use {c.instead('parallel')}"),
+    Rule("touched_rows_to_save", ("workload", "strategy"),
+         "A strategy that saves the embedding rows sparse gradients touched, with a workload that has no such table.",
+         lambda c: c.strategy.saves_touched_rows and not c.workload.sparse_gradients,
+         lambda c: f"{c.set('workload')}: {c.set('strategy')} saves, between full checkpoints, the embedding rows "
+                   f"that sparse gradients touched, and {c.names['workload']} has no embedding table with sparse "
+                   f"gradients; use {c.instead('workload', lambda w: w.sparse_gradients)} or "
+                   f"{c.instead('strategy', lambda s: s.saves and not s.saves_touched_rows)}"),
     Rule("sharded_state_saved", ("parallel", "strategy"),
          "Sharded state, with a strategy that checkpoints and cannot save it.",
          lambda c: c.parallel.shards_state and c.strategy.saves and not c.strategy.shards_state,

@@ -130,6 +130,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ckpt_read_verified", ("files", "of_files", "bytes"), "a load read and checksummed these files"),
     ("ckpt_incomplete", ("path",), "an uncommitted checkpoint directory was passed over"),
     ("ckpt_rejected", ("path", "reason"), "a committed checkpoint failed its check and was passed over"),
+    ("ckpt_loaded_inexact", ("why",), "the load restored an approximation of the saved state, by design (the "
+     "strategy's caps `inexact_restore`): the run is not held to the bit-exact check"),
     ("ckpt_memory_saved", ("duration_s",), "a snapshot of `step` is complete in host memory"),
     ("ckpt_peer_copied", ("peer_rank", "duration_s"), "the snapshot was copied to the peer's memory"),
     ("ckpt_memory_loaded", ("source", "agree_s", "read_s", "restore_s"), "a load from host memory, its phases"),

@@ -66,6 +66,9 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result["torch_workarounds"] = _torch_workarounds(events)
     result.update(replica_groups(events, run["world_size"]))
     result.update(replica_recovery(events, run["world_size"]))  # our replica's, under the same names
+    inexact = first(events, "ckpt_loaded_inexact")  # a restore that is an approximation by design (quantized rows)
+    if inexact is not None:
+        result["bit_exact"] = f"not by design: {inexact['why']}"
     result.update(world_sizes(events, launch))  # recovery=shrink|grow: the sizes trained at (none if it kept its size)
     result.update(inprocess_recovery(events))  # NVRx's in-process restart: in place, or the supervisor's fallback
     result.update(_job_restarts(restarts))  # resume=: the whole job died and a new one went on
