@@ -53,6 +53,10 @@ class StrategyCaps(Caps):
     runs_in_supervisor: bool = False  # runs part of itself in the local supervisor across rank restarts
     min_replica_groups: int | None = None  # the fewest replica groups a step commits with (replicas across groups)
     owns_step: bool = False  # it applies the optimizer step itself (torchft's commit vote), not the training loop
+    # its recovery state lives in the job's own processes (strategy=shadow's shadow beside our supervisor), not on
+    # disk: a new job (resume=, after a preemption's notice or a fault that ends the job) finds none of it
+    state_with_the_job: bool = False
+    dense_gradients: bool = False  # it copies every step's reduced gradients as dense tensors (not sparse ones)
     # it saves, between full checkpoints, only the embedding rows that sparse gradients touched (Check-N-Run): it
     # needs a workload with such tables (``WorkloadCaps.sparse_gradients``)
     saves_touched_rows: bool = False

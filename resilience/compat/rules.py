@@ -142,6 +142,31 @@ RULES: list[Rule] = [
          lambda c: c.resume is not None and c.strategy.recovers_in_place,
          lambda c: f"resume={c.resume}: {c.set('strategy')} kept the state only in the ranks' memory, which died "
                    f"with the job; nothing to resume from"),
+    Rule("a_shadow_dies_with_its_job", ("fault", "strategy"),
+         "A fault that ends the whole job, with a strategy whose state lives in the job's own processes (a shadow "
+         "beside the supervisor, nothing on disk): the job takes it with it.",
+         lambda c: c.fault.ends_the_job and c.strategy.state_with_the_job,
+         lambda c: f"{c.set('fault')}: ends the whole job, and {c.set('strategy')} keeps the state in the job's own "
+                   f"processes (its shadow beside the supervisor), which end with it; use "
+                   f"{c.instead('strategy', lambda s: s.saves and not s.state_with_the_job)}"),
+    Rule("a_shadow_to_resume", ("strategy", "resume"),
+         "A resume in a new job, with a strategy whose state lived in the processes of the job that died.",
+         lambda c: c.resume is not None and c.strategy.state_with_the_job,
+         lambda c: f"resume={c.resume}: {c.set('strategy')} kept the state in the processes of the job that died "
+                   f"(its shadow), which wrote nothing to disk; nothing to resume from"),
+    Rule("a_shadow_on_notice", ("strategy", "checkpoint.on_notice"),
+         "A save on a preemption's notice, with a strategy whose state lives in the job's own processes (the save "
+         "would end with the job).",
+         lambda c: c.on_notice and c.strategy.state_with_the_job,
+         lambda c: f"checkpoint.on_notice=true: {c.set('strategy')} keeps the state in the job's own processes (its "
+                   f"shadow), which end with the job, so a save on the notice has nowhere to last; use "
+                   f"{c.instead('strategy', lambda s: s.saves and not s.state_with_the_job)}"),
+    Rule("dense_gradients_to_copy", ("workload", "strategy"),
+         "A workload whose embedding gradients are sparse, with a strategy that copies every step's gradients dense.",
+         lambda c: c.workload.sparse_gradients and c.strategy.dense_gradients,
+         lambda c: f"{c.set('workload')}: its embedding gradients are sparse, and {c.set('strategy')} copies every "
+                   f"step's reduced gradients to its shadow as dense tensors; use "
+                   f"{c.instead('strategy', lambda s: s.saves and not s.dense_gradients)}"),
     Rule("survivors_restart_together", ("recovery", "strategy", "supervisor.launcher"),
          "A policy that restarts fewer ranks (the survivors), with a strategy that recovers in place or another "
          "launcher than our supervisor's elastic agent.",
