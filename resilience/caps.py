@@ -57,6 +57,8 @@ class StrategyCaps(Caps):
     # disk: a new job (resume=, after a preemption's notice or a fault that ends the job) finds none of it
     state_with_the_job: bool = False
     dense_gradients: bool = False  # it copies every step's reduced gradients as dense tensors (not sparse ones)
+    # it writes the state from a surviving replica when a failure is detected (just-in-time), never on an interval
+    writes_at_failure: bool = False
     # it saves, between full checkpoints, only the embedding rows that sparse gradients touched (Check-N-Run): it
     # needs a workload with such tables (``WorkloadCaps.sparse_gradients``)
     saves_touched_rows: bool = False

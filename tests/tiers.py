@@ -82,6 +82,12 @@ LONG: dict[str, str] = {
         "CI keeps the kill-and-heal run",
     "tests/test_replica_torchft.py::test_as_shipped_the_survivor_of_a_kill_mid_allreduce_crashes":
         "library as shipped",
+    # strategy=jit: CI keeps the kill, the hang, the collective timeout, the kill after the reduction under train=real
+    # and world_size=1 with no replica left
+    "tests/test_jit.py::test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight"
+    "[kill-after-reduce]": "CI keeps it under train=real",
+    "tests/test_jit.py::test_no_healthy_replica_left_is_said_and_the_run_goes_on_from_what_there_is"
+    "[node-loss-of-the-world]": "CI keeps world_size=1",
     # strategy=shadow: CI keeps the kill after the reduction under train=real, and the other kills
     "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step[kill-after-reduce]":
         "CI keeps it under train=real",

@@ -105,6 +105,13 @@ RULES: list[Rule] = [
          lambda c: c.strategy.recovers_in_place and c.recovery.restarts_in_process,
          lambda c: f"{c.set('recovery')}: restarts every rank's training in its process; {c.set('strategy')} "
                    f"recovers in place itself; use recovery=restart"),
+    Rule("written_before_the_interrupt", ("strategy", "recovery"),
+         "A strategy that writes the state at a failure before its process ends, with a policy that interrupts every "
+         "rank's training in its process at a failure (the write would be cut).",
+         lambda c: c.strategy.writes_at_failure and c.recovery.restarts_in_process,
+         lambda c: f"{c.set('recovery')}: interrupts every rank's training in its process at a failure, which would "
+                   f"cut the write of the state that {c.set('strategy')} makes then; use "
+                   f"{c.instead('recovery', lambda p: not p.restarts_in_process)}"),
     Rule("nothing_to_roll_back_to", ("strategy", "recovery"),
          "A strategy that recovers in place (it keeps no checkpoint), with a policy that rolls back to one.",
          lambda c: c.strategy.recovers_in_place and c.recovery.rolls_back,
@@ -211,6 +218,13 @@ RULES: list[Rule] = [
          lambda c: c.strategy.recovers_in_place and not c.parallel.shards_state and c.world_size < 2,
          lambda c: f"world_size={c.world_size}: {c.set('strategy')} takes a lost rank's state from a twin replica, "
                    f"and one rank has none; use world_size >= 2, or {c.instead('strategy', saving)}"),
+    Rule("a_replica_to_write_from", ("parallel", "strategy"),
+         "Each shard held once, with a strategy that writes a failed rank's state at the failure from a surviving "
+         "replica of it.",
+         lambda c: c.strategy.writes_at_failure and c.parallel.shards_state and (c.parallel.replicas or 1) < 2,
+         lambda c: f"{c.set('parallel')}: {c.set('strategy')} writes a failed rank's state at the failure from a "
+                   f"surviving replica of it, and {c.names['parallel']} holds each shard once; use "
+                   f"{c.instead('parallel')}"),
     Rule("into_ddp", ("parallel", "fault"),
          "Sharded state, with a fault that reaches into DDP's module and reduction.",
          lambda c: c.parallel.shards_state and c.fault.reaches_into_ddp,

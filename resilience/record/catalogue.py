@@ -148,6 +148,16 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("replacement_too_slow", ("waited_s",), "no replacement came within the deadline: this survivor gives up"),
     ("rejoined", ("generation", "from_step", "source", "received", "bytes", "rejoin_s", "duration_s"),
      "a survivor is back in the full group with the replacement"),
+    ("jit_saved", ("bytes", "duration_s", "shard", "path"), "strategy=jit: a survivor of a failure wrote its "
+     "replica's state of `step` (its shard `shard`), `duration_s` after its collective failed"),
+    ("jit_unsaved", ("reason",), "strategy=jit: a survivor of a failure wrote nothing, or a rank could not keep its "
+     "own parts (`reason`)"),
+    ("jit_no_replica", ("reached", "lost_steps", "reason"), "strategy=jit: no survivor wrote the state of the step "
+     "the failed attempt `reached` (every replica lost at once): the run goes on from `step`, `lost_steps` back"),
+    ("jit_parts_lost", ("ranks", "parts"), "strategy=jit: these ranks' own parts (RNG, data position) at the loaded "
+     "`step` are in no node's memory: they start over"),
+    ("jit_parts_kept", ("count", "duration_s", "bytes"), "strategy=jit: this rank kept its own parts in node memory "
+     "`count` times in the attempt, in `duration_s` all told (the steady state's cost), `bytes` a copy"),
     ("ft_heal", ("from_step", "transfer_s", "bytes", "heal_s"), "torchft: a behind group took a peer's state"),
     ("ft_quorum", ("participants", "previous", "groups", "wait_s"), "torchft: a new quorum formed"),
     ("ft_step", ("participants", "committed"), "torchft: a step and whether the quorum committed it"),
