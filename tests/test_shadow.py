@@ -1,10 +1,11 @@
 """strategy=shadow, per-step checkpointing through a gradient shadow (Checkmate): every step's reduced gradients go to a
 process beside the supervisor that applies the optimizer to its own replica; a restart loads its state of the last
-step every rank completed. End to end on 2 gloo ranks: kills before the forward pass, after the reduction and while
-a step is being published each recover bit-exact against the fault-free run (``reference.check=run``) with at most
-one step lost; the whole job's state (train=real) comes back part by part; nothing is left behind (run_experiment).
-Without ranks: the shadow process steps its replica to the training's bytes, waits for every rank's parts, skips a
-step the optimizer skipped, dumps what a restart loads; a dead shadow is started anew; the table's refusals."""
+step every rank completed. End to end on 2 gloo ranks: kills before the forward pass, after the reduction and while a
+step is being published, a node's loss, and a kill after fp16's scaler skipped a step each recover bit-exact against
+the fault-free run (``reference.check=run``) with at most one step lost; the whole job's state (train=real) comes
+back part by part; nothing is left behind (run_experiment). Without ranks: the shadow process steps its replica to
+the training's bytes, waits for every rank's parts, skips a step the optimizer skipped, dumps what a restart loads; a
+dead shadow is started anew; the table's refusals."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ SCENARIOS = [
     # rank 0 dies while it copies step 10's gradients: that slot is never committed, the shadow holds step 9
     ("kill-while-publishing", ("fault=kill", "fault.rank=0", "fault.at_step=10", "fault.phase=during_checkpoint"),
      9, 1),
+    # the lost node's memory goes with it (node_memory): the parts kept with the shadow, on its own node, do not
+    ("node-loss", ("fault=node_loss", "fault.rank=1", "fault.at_step=9"), 9, 0),
 ]
 
 
@@ -88,6 +91,21 @@ def test_the_whole_job_state_comes_back_each_rank_s_parts_from_the_shadow(tmp_pa
     assert sorted(e["step"] for e in of_kind(ev, "ckpt_loaded", rank=1)) == [6, 13]
     assert result["faults_injected"] == result["recoveries"] == 2
     assert [f["lost_steps"] for f in result["faults"]] == [0, 0]
+    shadow_kept_up(ev, 20)
+
+
+@pytest.mark.timeout(300)
+def test_a_step_the_scaler_skipped_is_a_step_of_the_shadow_too(tmp_path):
+    """fp16 with a loss scale that overflows: the scaler skips the optimizer step and halves the scale; the shadow
+    gets no gradients for that step and holds the state as it was, and the restart loads it bit-exact."""
+    run = tmp_path / "run"
+    result = run_experiment(run, *COMMON, "train.precision=fp16", "train.fp16_init_scale=1048576", "fault=kill",
+                            "fault.rank=1", "fault.at_step=4", timeout=280)
+    exact(result)
+    ev = read_events(run)
+    scales = [e["loss_scale"] for e in ev if e["kind"] == "step_end" and e["rank"] == 0 and e["attempt"] == 1]
+    assert min(scales) < max(scales)  # at least one step overflowed and was skipped
+    assert sorted(e["step"] for e in of_kind(ev, "ckpt_loaded")) == [4, 4]
     shadow_kept_up(ev, 20)
 
 
