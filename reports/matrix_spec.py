@@ -70,6 +70,8 @@ def parse_axes(raw: Any, where: str, conf_dir: Path, need_none: bool = True) -> 
             parsed = [_option(v, f"{key}[{i}]", _options(conf_dir, group)) for i, v in enumerate(values)]
         elif axis in CHOICE_AXES:
             parsed = [_option(v, f"{key}[{i}]", list(CHOICE_AXES[axis])) for i, v in enumerate(values)]
+        elif axis == "checkpoint.every":  # an interval, or auto (chosen as the run goes: checkpoint.auto.*)
+            parsed = [v if v == "auto" else _int(v, f"{key}[{i}]", minimum) for i, v in enumerate(values)]
         else:
             parsed = [_int(v, f"{key}[{i}]", minimum) for i, v in enumerate(values)]
         ids = [f.label if isinstance(f, Fault) else f for f in parsed]

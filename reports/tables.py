@@ -233,6 +233,9 @@ def way(frame: pd.DataFrame) -> pd.Series:
             value = frame[key]
             other = value.notna() & ~value.astype(str).isin(usual)
             label = label.where(~other, label + " (" + value.astype(str) + ")")
+    if "cell.checkpoint.every" in frame:  # an interval chosen as the run goes is another technique, not more runs
+        auto = frame["cell.checkpoint.every"].astype(str) == "auto"
+        label = label.where(~auto, label + " (every=auto)")
     return label
 
 

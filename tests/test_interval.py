@@ -144,3 +144,16 @@ def test_auto_recovers_bit_exact_at_the_steps_it_chose(tmp_path):
 def test_refused_before_launch_with_one_line(tmp_path, overrides, message):
     done = run_cli(*overrides, "steps=10", f"hydra.run.dir={tmp_path}")
     assert done.returncode == 2 and message in done.stderr + done.stdout
+
+
+def test_a_matrix_runs_auto_as_its_own_technique():
+    import pandas as pd
+
+    from reports.matrix import load_matrix
+    from reports.tables import way
+
+    cells = load_matrix("techniques", check=True).cells  # every cell composed and resolved as the command would
+    auto = [c for c in cells if c.values["checkpoint.every"] == "auto"]
+    assert auto and all("checkpoint.every=auto" in c.overrides for c in auto)
+    frame = pd.DataFrame({"cell.strategy": ["sync", "sync"], "cell.checkpoint.every": [4, "auto"]})
+    assert list(way(frame)) == ["sync", "sync (every=auto)"]  # not pooled with the fixed interval's runs

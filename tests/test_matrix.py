@@ -156,6 +156,7 @@ def test_repeat_is_an_axis_not_an_override():
     ({"axes.workload": ["gpt tiny"]}, "axes.workload[0]", "A-Z a-z 0-9 _ . = -"),
     ({"axes.strategy": ["none", "asyn"]}, "axes.strategy[1]=asyn", "unknown option; allowed:"),
     ({"axes.seed": [0, "one"]}, "axes.seed[1]=one", "integer >= 0"),
+    ({"axes.checkpoint.every": [4, "fast"]}, "axes.checkpoint.every[1]=fast", "integer >= 1"),
     ({"axes.fault": [{"name": "kill", "at_step": 3}]}, "axes.fault", "must include none"),
     ({"axes.fault": ["none", {"name": "kill", "phase": "before forward"}]}, "axes.fault[1].phase", "A-Z a-z"),
     ({"exclude": [{"strategy": "none", "fault.phse": "x"}]}, "exclude[0].fault.phse", "allowed:"),
