@@ -91,6 +91,13 @@ def _nvrx_unpatched(r: dict) -> tuple[bool, str]:
     return ok and not cpu_only, figure + (f"; CPU patches in force: {sorted(cpu_only)}" if cpu_only else "")
 
 
+def _unpatched(r: dict) -> tuple[bool, str]:
+    """A library on CUDA as shipped: recovered bit-exact with none of our CPU-only patches in force."""
+    ok, figure = _recovered_exact(r)
+    patches = list(r.get("peer_patches") or [])
+    return ok and not patches, figure + (f"; patches in force: {patches}" if patches else "")
+
+
 def _s(x: object) -> str:
     return f"{x:.3f} s" if isinstance(x, (int, float)) else str(x)
 
@@ -140,6 +147,12 @@ RUNS = [
              ["strategy=nvrx_async_dcp", "fault=kill", *ONE_RANK, *SHORT], _nvrx_unpatched),
     RunCheck("dlrover_flash_cuda", "DLRover Flash Checkpoint from CUDA tensors (shared memory, then disk)",
              ["strategy=dlrover_flash", "fault=kill", *ONE_RANK, *SHORT]),
+    # its CUDA defaults: pinned staging, non-blocking copies, its metadata gather through CUDA tensors (the CPU
+    # run's cpu_metadata_gather patch not in force); direct_io stays off as on the CPU (docs/peers.md)
+    RunCheck("torch_checkpointing_cuda", "torch-checkpointing's async save from CUDA tensors, as shipped",
+             ["strategy=torch_checkpointing", "fault=kill", *TWO_RANKS, *SHORT], _unpatched),
+    RunCheck("jit_cuda", "just-in-time checkpoint: the survivor writes its CUDA replica at the kill",
+             ["strategy=jit", "fault=kill", *TWO_RANKS, *SHORT]),
 ]
 
 

@@ -17,7 +17,7 @@ fi
 # the project as `pip install -e` puts it (this checkout on the path, conf/ beside its packages), no dependencies
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${1:-}" != "--dry-run" ]; then
-  "$PY" -c 'import hydra, torchsnapshot, dlrover, nvidia_resiliency_ext, torchdata, xxhash' \
+  "$PY" -c 'import hydra, torchsnapshot, dlrover, nvidia_resiliency_ext, torchdata, xxhash, torch_checkpointing' \
     || { echo "error: a dependency is missing from .whl/ (make gpu-wheels)" >&2; exit 2; }
 fi
 PYTHONUNBUFFERED=1 exec "$PY" -m resilience.bench.gpu_check "$@"
