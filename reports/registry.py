@@ -113,6 +113,13 @@ for _figure in (
              note="reports.sharded:sharded_note", shown="reports.sharded:has_sharded_cells",
              caption="Checkpoint save (training-visible stall) and load after a fault per parallel setting, shard "
                      "count, strategy and fault (medians; bars: the median's interval, 95% from 6 runs, else the runs' range at its own level: 75% at n=3)."),
+    Measured("per_step", "Per-step techniques: a gradient shadow and just-in-time checkpointing",
+             "reports.per_step:per_step", note="reports.per_step:per_step_note", shown="reports.per_step:has_per_step",
+             caption="Step time of the techniques that work at every step (shadow: each step's gradients applied by "
+                     "a process beside the job; jit: each rank's own parts kept each step, the state written only "
+                     "at a failure) against training with no checkpoint code, fault-free runs (medians; bars: the "
+                     "median's interval, 95% from 6 runs, else the runs' range at its own level); the table adds the "
+                     "shadow's lag behind the training (a lag of a whole step is a step a failure would lose)."),
     Projected("goodput_vs_interval", "projection_interval_sweep.csv",
               "Projection: goodput against the checkpoint interval per strategy at the scenario's size; the star "
               "marks each strategy's optimal interval. Look at the height and the width of each peak: a flat peak "

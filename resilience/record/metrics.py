@@ -57,6 +57,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         **_fault_metrics(events, fault, status),
         **_checkpoint_metrics(rank0),
         "step_time_s": median(step_times(rank0)),
+        "shadow": _shadow(events),
     }
     # why the supervisor ended the run before its restart budget (``replica`` with every replica lost), else None
     result["unrecoverable"] = (first(sup, "unrecoverable") or {}).get("reason")
@@ -319,6 +320,18 @@ def _checkpoint_metrics(rank0: list[dict]) -> dict[str, Any]:
         "checkpoint_intervals": [{"step": e["step"], "interval": e["interval"], "reason": e["reason"]}
                                  for e in rank0 if e["kind"] == "ckpt_interval"],
     }
+
+
+def _shadow(events: list[dict]) -> dict[str, Any] | None:
+    """strategy=shadow: how far behind the training its shadow ran (``shadow_lag``, every ``report_every`` applied
+    steps: the published step to the applied one), over the run; None for any other strategy."""
+    lags = [e for e in events if e["kind"] == "shadow_lag"]
+    if not lags:
+        return None
+    steps = sum(e["steps"] for e in lags)
+    return {"applied_steps": steps, "lag_s_mean": sum(e["lag_s_mean"] * e["steps"] for e in lags) / steps,
+            "lag_s_max": max(e["lag_s_max"] for e in lags), "lag_steps_max": max(e["lag_steps_max"] for e in lags),
+            "apply_s_mean": sum(e["apply_s_mean"] * e["steps"] for e in lags) / steps}
 
 
 def _ettr(rank0: list[dict]) -> float | None:
