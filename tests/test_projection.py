@@ -235,6 +235,8 @@ def test_every_scenario_composes_and_validates(scenario: str) -> None:
     ("scenario.recovery_kinds.hang.detection_s=-1", "scenario.recovery_kinds.hang.detection_s=-1"),
     ("scenario.failures.table_csv=missing.csv", "scenario.failures.table_csv=missing.csv: file not found"),
     ("monte_carlo.trials=0", "monte_carlo.trials=0: must be an integer >= 1"),
+    ("+scenario.strategies.sync.bytes_share=1.5", "scenario.strategies.sync.bytes_share=1.5"),
+    ("scenario.strategies.shadow.step_overhead=1", "scenario.strategies.shadow.step_overhead=1.0: must be a number in"),
 ])
 def test_bad_values_are_rejected_with_field_and_range(override: str, message: str) -> None:
     with pytest.raises(ValueError) as err:
@@ -349,3 +351,25 @@ def test_the_winner_map_is_checked_by_the_monte_carlo_in_every_cell() -> None:
         gap = (feasible["goodput_monte_carlo"] - feasible["goodput"]).abs()
         assert (gap < 4 * feasible["goodput_monte_carlo_ci95"] + 0.01).all(), cell
     assert "winner_monte_carlo" not in winner_grid(scn, (1024,), (1.0,))  # trials=0: the closed form alone
+
+
+def test_a_per_step_cost_scales_the_goodput_in_closed_form_and_by_monte_carlo() -> None:
+    """shadow: no lost work, like replica, less its per-step cost (``step_overhead``); jit: no periodic cost."""
+    _, scn, _ = load(composed("scenario=llama3_405b"), REPO)
+    shadow, jit = evaluate(scn, "shadow"), evaluate(scn, "jit")
+    assert shadow.costs.step_overhead == 0.015 and not shadow.costs.checkpoints and not jit.costs.checkpoints
+    a = float(np.dot(shadow.shares, np.exp(-shadow.recovery_s / shadow.mtbf_s)))
+    assert shadow.goodput == pytest.approx(0.985 * a)
+    sim = simulate(shadow.costs, scn.failure, scn.kinds, gpus=scn.gpus, interval_s=1.0, horizon_s=scn.horizon_s,
+                   trials=400, seed=1)
+    assert abs(sim.mean - 0.985 * a) < 4 * sim.ci95 + 1e-3
+    assert jit.costs.stall_s == 0.0 and jit.costs.load_s > evaluate(scn, "replica").costs.load_s  # the write
+
+
+def test_an_incremental_save_writes_its_share_of_the_state_and_loads_the_whole() -> None:
+    full = StrategyCosts("sync", ComponentCost(1.0, 1e9), ComponentCost(1.0, 1e9), ComponentCost(2.0, 1e9),
+                         ComponentCost(180.0))
+    chain = StrategyCosts("incremental", full.stall, full.durable, full.load, full.restart, bytes_share=0.25)
+    a, b = full.at_scale(8e12, 8, None), chain.at_scale(8e12, 8, None)
+    assert b.stall_s == pytest.approx(1.0 + 0.25 * 1000.0) and a.stall_s == pytest.approx(1001.0)
+    assert b.load_s == a.load_s  # a restore replays the chain: the whole state

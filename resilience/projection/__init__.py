@@ -13,13 +13,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# goodput names a module and its function: imported here (numpy alone), since once the module is imported the
+# package's attribute `goodput` would be the module, and __getattr__ is asked only for what is missing
+from resilience.projection.goodput import goodput, predicted_goodput, recovery_survival  # noqa: E402,F401
+
 # name -> its module: imported on first use (PEP 562), so that a rank needing one formula (checkpoint.every=auto
 # uses ``intervals``) does not import pandas with the fitting and report modules (1.1 s at a rank's start)
 _WHERE = {
     "calibration": ("FailureBand", "PublishedFigure", "read_figures"),
     "cost_model": ("ComponentCost", "CostsAtScale", "StrategyCosts", "fit_component"),
     "failure_model": ("RECOVERY_KINDS", "FailureModel", "FailureTable", "RecoveryKind", "per_gpu_mttf_hours"),
-    "goodput": ("goodput", "predicted_goodput", "recovery_survival"),
     "intervals": ("daly_interval", "optimal_interval", "young_interval"),
     "measured": ("fit_strategies", "read_measured"),
     "scenario": ("Scenario", "Storage", "build_scenario"),
@@ -27,7 +30,7 @@ _WHERE = {
     "validation": ("ConfigError",),
 }
 _MODULE = {name: module for module, names in _WHERE.items() for name in names}
-__all__ = sorted(_MODULE)
+__all__ = sorted([*_MODULE, "goodput", "predicted_goodput", "recovery_survival"])
 
 
 def __getattr__(name: str) -> Any:

@@ -91,6 +91,8 @@ class CostsAtScale:
     ``lag_s`` is the time from the start of a checkpoint until it is durable (>= ``stall_s``; equal for a
     synchronous save). ``feasible`` is False when a shard exceeds the strategy's memory limit. ``checkpoints`` is
     False for a strategy that never checkpoints and never loses work (a live replica holds the state).
+    ``step_overhead`` is the share of every step's time the technique costs besides its checkpoints (a gradient
+    shadow's per-step copy): the goodput is scaled by ``1 - step_overhead``.
     """
 
     strategy: str
@@ -100,6 +102,7 @@ class CostsAtScale:
     restart_s: float
     feasible: bool = True
     checkpoints: bool = True
+    step_overhead: float = 0.0
     residuals: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)
     detection_samples: tuple[float, ...] = field(default=(), repr=False)
 
@@ -148,15 +151,20 @@ class StrategyCosts:
     max_bytes_per_writer: float | None = None  # host-memory limit of in-memory strategies; None: no limit
     description: str = ""
     checkpoints: bool = True  # False: no checkpoint, no lost work (stall and durable are zero)
+    # the mean share of the full state one checkpoint writes (an incremental chain: a base every N saves, the
+    # touched rows between); the load reads a whole state
+    bytes_share: float = 1.0
+    step_overhead: float = 0.0  # the share of every step it costs besides its checkpoints (CostsAtScale)
 
     def at_scale(self, total_bytes: float, writers: int, storage_Bps: float | None) -> CostsAtScale:
-        stall = self.stall.seconds(total_bytes, writers, storage_Bps)
-        durable = max(self.durable.seconds(total_bytes, writers, storage_Bps), stall)
+        saved = total_bytes * self.bytes_share
+        stall = self.stall.seconds(saved, writers, storage_Bps)
+        durable = max(self.durable.seconds(saved, writers, storage_Bps), stall)
         feasible = self.max_bytes_per_writer is None or total_bytes / writers <= self.max_bytes_per_writer
         return CostsAtScale(
             strategy=self.name, stall_s=stall, lag_s=durable,
             load_s=self.load.seconds(total_bytes, writers, storage_Bps),
             restart_s=self.restart.seconds(total_bytes, writers, storage_Bps), feasible=feasible,
-            checkpoints=self.checkpoints,
+            checkpoints=self.checkpoints, step_overhead=self.step_overhead,
             residuals={c: getattr(self, c).residuals for c in COMPONENTS}, detection_samples=self.detection_samples)
 

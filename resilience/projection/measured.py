@@ -141,6 +141,9 @@ def _fit_one(name: str, rows: pd.DataFrame, per_writer: pd.Series, default: Stra
                               f"and the scenario has no default strategy '{name}' to fall back on")
     return StrategyCosts(name=name, detection_samples=(),  # the scenario's detection times (module docstring)
                          max_bytes_per_writer=default.max_bytes_per_writer if default else None,
+                         # what the runs measure is a rate per byte written: the share written stays the scenario's
+                         bytes_share=default.bytes_share if default else 1.0,
+                         step_overhead=default.step_overhead if default else 0.0,
                          description=(default.description if default else "") + " (fitted from measured runs)",
                          **components)
 

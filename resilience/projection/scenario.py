@@ -163,11 +163,15 @@ def _strategies(node: Mapping[str, Any], field: str) -> dict[str, StrategyCosts]
         if not checkpoints and ("stall" in spec or "durable" in spec):
             fail(f"{f}.stall", spec.get("stall", spec.get("durable")), "must be absent when checkpoint is false")
         limit = as_optional_float(spec.get("max_shard_GB"), f"{f}.max_shard_GB", gt=0)
+        share = as_float(spec.get("bytes_share", 1.0), f"{f}.bytes_share", gt=0, le=1)  # of the state, per save
+        overhead = as_float(spec.get("step_overhead", 0.0), f"{f}.step_overhead", ge=0)
+        if overhead >= 1:
+            fail(f"{f}.step_overhead", overhead, "must be a number in [0, 1): the share of each step it costs")
         out[str(name)] = StrategyCosts(
             name=str(name), stall=_saving(spec, "stall", f), durable=_saving(spec, "durable", f),
             load=_component(spec["load"], f"{f}.load"), restart=_component(spec["restart"], f"{f}.restart"),
             max_bytes_per_writer=None if limit is None else limit * GB, description=str(spec.get("description", "")),
-            checkpoints=checkpoints)
+            checkpoints=checkpoints, bytes_share=share, step_overhead=overhead)
     return out
 
 

@@ -104,11 +104,12 @@ def _simulate_chunk(costs: CostsAtScale, failure: FailureModel, kinds: Sequence[
     resume[:, 0] = 0.0
     resume[:, 1:] = fail_at[:, :-1] + recovery[:, :-1]
     up = np.maximum(np.minimum(fail_at, horizon) - resume, 0.0)
+    per_step = 1.0 - costs.step_overhead  # a per-step technique's cost, as in the closed form
     if not costs.checkpoints:  # no work is ever lost: every stretch counts whole
-        return up.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)
+        return per_step * up.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)
     stall = costs.draw("stall", rng, shape, bootstrap)
     lag = np.maximum(costs.draw("durable", rng, shape, bootstrap), stall)
     first = tau + lag  # resume -> first durable checkpoint (nothing in flight to wait for)
     period = np.maximum(tau + stall, lag)  # durable -> next durable: a save waits for the previous one
     durable = np.where(up >= first, 1.0 + np.floor((up - first) / period), 0.0)
-    return tau * durable.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)
+    return per_step * tau * durable.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)

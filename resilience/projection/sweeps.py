@@ -38,12 +38,13 @@ class Point:
 
     def goodput_at(self, interval_s: float | np.ndarray) -> float | np.ndarray:
         c = self.costs
+        per_step = 1.0 - c.step_overhead  # what a per-step technique costs every step (a gradient shadow's copy)
         if not c.checkpoints:
             # Nothing is ever lost, so every second outside a recovery counts: G = A, the closed form's limit
             # for a zero interval at zero stall and lag (docs/projection.md); the interval does not matter.
-            a = float(recovery_survival(self.mtbf_s, self.recovery_s, self.shares))
+            a = per_step * float(recovery_survival(self.mtbf_s, self.recovery_s, self.shares))
             return a if np.ndim(interval_s) == 0 else np.full(np.shape(interval_s), a)
-        return goodput(interval_s, self.mtbf_s, c.stall_s, c.lag_s, self.recovery_s, self.shares)
+        return per_step * goodput(interval_s, self.mtbf_s, c.stall_s, c.lag_s, self.recovery_s, self.shares)
 
     @property
     def mean_recovery_s(self) -> float:
