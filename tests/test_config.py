@@ -176,6 +176,10 @@ BAD = [
      "fault.return_after_s=null"),
     (("strategy=none", "fault=kill", "fault.at_step=[7,15]", "fault.phase=[before_forward,during_checkpoint]"),
      "fault.phase=during_checkpoint", "never checkpoints"),
+    (("checkpoint.every=auto",), "checkpoint.every=auto", "checkpoint.auto.mtbf_s or checkpoint.auto.mtbf_steps"),
+    (("checkpoint.every=auto", "checkpoint.auto.mtbf_s=60", "fault=kill", "fault.phase=during_checkpoint"),
+     "fault.phase=during_checkpoint", "needs a fixed checkpoint.every"),
+    (("checkpoint.every=often",), "checkpoint.every=often", "must be an integer >= 1, or auto"),
 ]
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import run_cli, run_experiment
+from conftest import run_experiment
 from resilience.projection.intervals import optimal_interval
 from resilience.record.events import EventLog, read_events
 from resilience.strategies import interval as iv
@@ -133,17 +133,6 @@ def test_auto_recovers_bit_exact_at_the_steps_it_chose(tmp_path):
     assert first[:2] == [3, 6] and choice["step"] == 6  # timed at `first`, chosen after `calibration` saves
     if len(first) > 2:
         assert first[2] == 6 + choice["interval"]
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("overrides,message", [
-    (("checkpoint.every=auto",), "checkpoint.every=auto: give the failure rate"),
-    (("checkpoint.every=auto", "checkpoint.auto.mtbf_s=60", "fault=kill", "fault.phase=during_checkpoint"),
-     "fault.phase=during_checkpoint: needs a fixed checkpoint.every"),
-])
-def test_refused_before_launch_with_one_line(tmp_path, overrides, message):
-    done = run_cli(*overrides, "steps=10", f"hydra.run.dir={tmp_path}")
-    assert done.returncode == 2 and message in done.stderr + done.stdout
 
 
 def test_a_matrix_runs_auto_as_its_own_technique():

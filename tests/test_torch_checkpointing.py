@@ -29,7 +29,7 @@ tc = pytest.importorskip("torch_checkpointing",
                          reason="torch-checkpointing is not installed: pip install -e '.[torch_checkpointing]'")
 
 from resilience.strategies.torch_checkpointing_ckpt import (  # noqa: E402
-    OPTIM_GROUPS, SHARED, TMP_PREFIX, TorchCheckpointingCheckpoint, _gather_objects)
+    OPTIM_GROUPS, SHARED, SHIPPED, TMP_PREFIX, TorchCheckpointingCheckpoint, _gather_objects)
 
 VERSION = importlib.metadata.version("torch-checkpointing")
 # the kill in a save: test_peers.py's settings, so that the session's reference run (strategy=sync) is this one's
@@ -71,7 +71,8 @@ def test_the_shipped_metadata_gather_needs_cuda_and_the_patch_gathers_the_same_o
     from torch_checkpointing.metadata_manager import DefaultMetadataManager
     from torch_checkpointing.types import RankInfo
 
-    shipped = DefaultMetadataManager._all_gather_pickled_data
+    # the library's own gather, though an earlier test of this process may have run the strategy (and its patch)
+    shipped = SHIPPED.get("gather", DefaultMetadataManager._all_gather_pickled_data)
     monkeypatch.setattr(DefaultMetadataManager, "_all_gather_pickled_data", shipped)  # put back after the patch
     started = not dist.is_initialized()
     if started:

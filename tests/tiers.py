@@ -88,6 +88,9 @@ LONG: dict[str, str] = {
     "[kill-after-reduce]": "CI keeps it under train=real",
     "tests/test_jit.py::test_no_healthy_replica_left_is_said_and_the_run_goes_on_from_what_there_is"
     "[node-loss-of-the-world]": "CI keeps world_size=1",
+    # jit's shards under HSDP: CI keeps jit's kills unsharded and HSDP under inmemory (tests/test_sharded.py)
+    "tests/test_jit.py::test_under_hsdp_each_shard_is_written_by_one_survivor_and_the_set_is_committed":
+        "recovery x parallelism",
     # strategy=shadow: CI keeps the kill after the reduction under train=real, and the other kills
     "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step[kill-after-reduce]":
         "CI keeps it under train=real",

@@ -72,9 +72,14 @@ def _gather_objects(self, data: Any, process_group=None) -> dict[int, Any]:
     return dict(enumerate(gathered))
 
 
+SHIPPED: dict[str, Any] = {}  # the library's own gather, kept when the patch replaces it (a process may go on)
+
+
 def _gather_metadata_on_cpu() -> None:
     from torch_checkpointing.metadata_manager import DefaultMetadataManager
 
+    if DefaultMetadataManager._all_gather_pickled_data is not _gather_objects:
+        SHIPPED["gather"] = DefaultMetadataManager._all_gather_pickled_data
     DefaultMetadataManager._all_gather_pickled_data = _gather_objects
 
 
