@@ -131,13 +131,24 @@ def with_matrix_cells(frame: pd.DataFrame, matrix: Matrix) -> pd.DataFrame:
     return pd.concat([frame, pd.DataFrame(missing)], ignore_index=True) if missing else frame
 
 
+def parquet_types(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each column that mixes numbers and words as words (``checkpoint.every``: 4 or auto), which
+    Parquet's one type per column needs; the readers take such a column with ``tables.col`` (numbers or NaN)."""
+    def mixed(values: pd.Series) -> bool:
+        return len({isinstance(v, str) for v in values.dropna() if isinstance(v, (str, int, float))
+                    and not isinstance(v, bool)}) > 1
+
+    return frame.assign(**{c: frame[c].map(lambda v: v if pd.isna(v) else str(v), na_action="ignore")
+                           for c in frame.columns if frame[c].dtype == object and mixed(frame[c])})
+
+
 def write(frame: pd.DataFrame, csv_path: Path) -> list[Path]:
     """Write the CSV and its Parquet copy (pyarrow, a project dependency) atomically; returns the paths written."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(csv_path, frame.to_csv(index=False).encode())
     written = [csv_path]
     buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
+    parquet_types(frame).to_parquet(buf, index=False)
     parquet = csv_path.with_suffix(".parquet")
     atomic_write_bytes(parquet, buf.getvalue())
     return written + [parquet]

@@ -69,12 +69,19 @@ def bit_exact(rows: pd.DataFrame) -> str:
     apart = _not_by_design(rows)
     verdicts = [v for v in rows.loc[~apart].get("matches_reference", pd.Series(dtype=object))
                 if v in (True, False, "True", "False")]
-    skipped = f"{int(apart.sum())} not by design (world size or width changed)" if apart.any() else ""
+    skipped = f"{int(apart.sum())} not by design ({_why_not_by_design(rows.loc[apart])})" if apart.any() else ""
     if not verdicts:
         return skipped or "-"
     bad = sum(1 for v in verdicts if v in (False, "False"))
     said = "yes" if not bad else f"no ({bad} of {len(verdicts)})"
     return f"{said}; {skipped}" if skipped else said
+
+
+def _why_not_by_design(rows: pd.DataFrame) -> str:
+    """Why: the world size changed, or the runs' own reason (a reduced width, a lossy restore: quantized rows)."""
+    said = [r if isinstance(r, str) else "" for r in rows.get("bit_exact", pd.Series(index=rows.index, dtype=object))]
+    reasons = [r.removeprefix("not by design: ") for r in dict.fromkeys(said) if r.startswith("not by design: ")]
+    return "; ".join(reasons) if reasons and len(reasons) == len(set(said)) else "world size or width changed"
 
 
 def _not_by_design(rows: pd.DataFrame) -> pd.Series:

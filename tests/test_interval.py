@@ -146,3 +146,14 @@ def test_a_matrix_runs_auto_as_its_own_technique():
     assert auto and all("checkpoint.every=auto" in c.overrides for c in auto)
     frame = pd.DataFrame({"cell.strategy": ["sync", "sync"], "cell.checkpoint.every": [4, "auto"]})
     assert list(way(frame)) == ["sync", "sync (every=auto)"]  # not pooled with the fixed interval's runs
+
+
+def test_a_summary_with_auto_beside_fixed_intervals_is_written(tmp_path):
+    import pandas as pd
+
+    from reports.aggregate import write
+
+    frame = pd.DataFrame({"cell": ["a", "b"], "cell.checkpoint.every": [4, "auto"], "checkpoint_every": [4, "auto"]})
+    csv, parquet = write(frame, tmp_path / "summary.csv")  # Parquet holds one type per column
+    back = pd.read_parquet(parquet)
+    assert list(back["cell.checkpoint.every"]) == ["4", "auto"] and csv.exists()
