@@ -180,6 +180,8 @@ BAD = [
     (("checkpoint.every=auto", "checkpoint.auto.mtbf_s=60", "fault=kill", "fault.phase=during_checkpoint"),
      "fault.phase=during_checkpoint", "needs a fixed checkpoint.every"),
     (("checkpoint.every=often",), "checkpoint.every=often", "must be an integer >= 1, or auto"),
+    (("strategy=incremental", "workload=gpt_tiny"), "workload=gpt_tiny: strategy=incremental saves",
+     "workload=dlrm_emb"),
 ]
 
 

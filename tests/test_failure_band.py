@@ -75,6 +75,7 @@ def test_summary_and_cluster_sweep_carry_the_band() -> None:
 def test_winner_map_marks_where_the_winner_changes_inside_the_band() -> None:
     # In-memory with a slow restart: cheap checkpoints win at few failures, sync's fast recovery at many.
     overrides = ("scenario=llama3_405b", "~scenario.strategies.replica", "~scenario.strategies.async",
+                 "~scenario.strategies.jit", "~scenario.strategies.shadow",
                  "scenario.strategies.inmemory.restart.fixed_s=1200")
     settings, scn, _ = load(composed(*overrides), Path.cwd())
     grid = winner_grid(scn, (1024, 100000), (1.0,), failure_band(settings, Path.cwd()))

@@ -141,7 +141,7 @@ def test_a_matrix_runs_auto_as_its_own_technique():
     from reports.matrix import load_matrix
     from reports.tables import way
 
-    cells = load_matrix("techniques", check=True).cells  # every cell composed and resolved as the command would
+    cells = load_matrix("techniques").cells  # (every cell composed as the command would: tests/test_pipeline.py)
     auto = [c for c in cells if c.values["checkpoint.every"] == "auto"]
     assert auto and all("checkpoint.every=auto" in c.overrides for c in auto)
     frame = pd.DataFrame({"cell.strategy": ["sync", "sync"], "cell.checkpoint.every": [4, "auto"]})

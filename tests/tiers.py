@@ -82,16 +82,24 @@ LONG: dict[str, str] = {
         "CI keeps the kill-and-heal run",
     "tests/test_replica_torchft.py::test_as_shipped_the_survivor_of_a_kill_mid_allreduce_crashes":
         "library as shipped",
-    # strategy=jit: CI keeps the kill, the hang, the collective timeout, the kill after the reduction under train=real
-    # and world_size=1 with no replica left
+    # strategy=jit: CI keeps the kill and world_size=1 with no replica left; the hang and the collective timeout are
+    # kept in CI for sync (tests/test_detectors.py), the real loop's kills for sync and shadow
     "tests/test_jit.py::test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight"
-    "[kill-after-reduce]": "CI keeps it under train=real",
+    "[kill-after-reduce]": "kill phase sweep",
+    "tests/test_jit.py::test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight"
+    "[hang]": "fault sweep",
+    "tests/test_jit.py::test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight"
+    "[collective-timeout]": "fault sweep",
+    "tests/test_jit.py::test_the_whole_job_state_comes_back_each_rank_s_own_parts_from_node_memory": "job state sweep",
     "tests/test_jit.py::test_no_healthy_replica_left_is_said_and_the_run_goes_on_from_what_there_is"
     "[node-loss-of-the-world]": "CI keeps world_size=1",
     # jit's shards under HSDP: CI keeps jit's kills unsharded and HSDP under inmemory (tests/test_sharded.py)
     "tests/test_jit.py::test_under_hsdp_each_shard_is_written_by_one_survivor_and_the_set_is_committed":
         "recovery x parallelism",
-    # strategy=shadow: CI keeps the kill after the reduction under train=real, and the other kills
+    # strategy=shadow: CI keeps the kill after the reduction under train=real, and the other kills; a node loss is
+    # kept in CI for inmemory (tests/test_sharded.py)
+    "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step[node-loss]":
+        "fault sweep",
     "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step[kill-after-reduce]":
         "CI keeps it under train=real",
     # the scaler's skipped step end to end (fp16 on CPU is slow): CI keeps it in the shadow's unit test
