@@ -55,6 +55,29 @@ def tensor_leaves(obj: Any, key: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
+def layout(sd: dict[str, Any]) -> tuple[bytes, list[tuple[TensorRef, torch.Tensor]], int]:
+    """The skeleton of ``sd`` (pickled, each tensor a ``TensorRef`` keyed as ``tensor_leaves`` keys it), its tensors
+    with their places (each at an ``ALIGN``ed offset) and the data's length: what a snapshot or a shard file holds."""
+    tensors: list[tuple[TensorRef, torch.Tensor]] = []
+    end = 0
+
+    def walk(obj: Any, key: str) -> Any:
+        nonlocal end
+        if isinstance(obj, torch.Tensor):
+            ref = TensorRef(key, obj.dtype, tuple(obj.shape), end, obj.numel() * obj.element_size())
+            end += -(-ref.nbytes // ALIGN) * ALIGN
+            tensors.append((ref, obj))
+            return ref
+        if isinstance(obj, dict):
+            return {k: walk(v, f"{key}.{k}") for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(walk(v, f"{key}.{i}") for i, v in enumerate(obj))
+        return obj
+
+    meta = pickle.dumps(walk(sd, ""), protocol=pickle.HIGHEST_PROTOCOL)
+    return meta, tensors, end
+
+
 class StateCodec:
     """State dict <-> (tensor bytes, skeleton).
 
@@ -67,23 +90,7 @@ class StateCodec:
     """
 
     def encode(self, sd: dict[str, Any], checksum: bool) -> tuple[int, bytes, Callable[[torch.Tensor], int | None]]:
-        tensors: list[tuple[TensorRef, torch.Tensor]] = []
-        end = 0
-
-        def walk(obj: Any, key: str) -> Any:
-            nonlocal end
-            if isinstance(obj, torch.Tensor):
-                ref = TensorRef(key, obj.dtype, tuple(obj.shape), end, obj.numel() * obj.element_size())
-                end += -(-ref.nbytes // ALIGN) * ALIGN
-                tensors.append((ref, obj))
-                return ref
-            if isinstance(obj, dict):
-                return {k: walk(v, f"{key}.{k}") for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return type(obj)(walk(v, f"{key}.{i}") for i, v in enumerate(obj))
-            return obj
-
-        meta = pickle.dumps(walk(sd, ""), protocol=pickle.HIGHEST_PROTOCOL)
+        meta, tensors, end = layout(sd)
 
         def fill(buf: torch.Tensor) -> int | None:
             running = CURRENT.new() if checksum else None

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 import torch
 import xxhash
 
-from resilience.ckpt.codec import StateCodec, TensorRef
+from resilience.ckpt.codec import StateCodec, TensorRef, layout
 from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import ALIGN, area_path
 from resilience.ckpt.verified import CorruptFile
@@ -48,29 +48,6 @@ def shard_name(shard: int, shards: int) -> str:
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
-
-
-def layout(sd: dict[str, Any]) -> tuple[bytes, list[tuple[TensorRef, torch.Tensor]], int]:
-    """The skeleton of ``sd`` (pickled), its tensors with their places, and the data's length; keys as
-    ``codec.tensor_leaves`` gives them, so that ``StateCodec.decode`` reads the file into the live tensors."""
-    tensors: list[tuple[TensorRef, torch.Tensor]] = []
-    end = 0
-
-    def walk(obj: Any, key: str) -> Any:
-        nonlocal end
-        if isinstance(obj, torch.Tensor):
-            ref = TensorRef(key, obj.dtype, tuple(obj.shape), end, obj.numel() * obj.element_size())
-            end += _aligned(ref.nbytes)
-            tensors.append((ref, obj))
-            return ref
-        if isinstance(obj, dict):
-            return {k: walk(v, f"{key}.{k}") for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(walk(v, f"{key}.{i}") for i, v in enumerate(obj))
-        return obj
-
-    meta = pickle.dumps(walk(sd, ""), protocol=pickle.HIGHEST_PROTOCOL)
-    return meta, tensors, end
 
 
 def write_shard(stream: BinaryIO, sd: dict[str, Any]) -> int:
