@@ -46,6 +46,7 @@ import torch
 import xxhash
 
 from resilience.ckpt import shm_store
+from resilience.proc import lifeline
 from resilience.ckpt.shm_store import ALIGN, PAGE, PREFIX
 
 # ---- names ------------------------------------------------------------------------------------------------------
@@ -187,13 +188,7 @@ class Control:
         pid = self[PID]
         if pid <= 0 or self[STATE] in (FAILED, STOPPED):
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _not_zombie(pid)
+        return lifeline.alive(pid) and _not_zombie(pid)
 
     def request(self, kind: int, gen: int = 0, world: int = 0, step: int = 0, timeout_s: float = 60.0,
                 poll_s: float = 0.0005) -> tuple[int, int, int]:
