@@ -160,12 +160,25 @@ class Injector(Named, ABC):
 
     def __call__(self, phase: str, step: int) -> None:
         """The phase hook: a few comparisons when it does not fire."""
+        index = self.due(phase, step)
+        if index is not None:
+            self.fire(step, index)
+
+    def due(self, phase: str, step: int) -> int | None:
+        """The planned point this rank meets at (``phase``, ``step``) and has not fired yet, or None."""
         if not self._mine or step not in self._steps:
-            return
+            return None
         index = self._steps[step]
-        if phase != self._phase_of(index) or index in self.fired:
-            return
+        return None if phase != self._phase_of(index) or index in self.fired else index
+
+    def fire(self, step: int, index: int) -> None:
+        """Mark planned point ``index`` fired, then strike."""
         self.fired.add(index)
+        self.strike(step, index)
+
+    def strike(self, step: int, index: int) -> None:
+        """Record planned point ``index``'s firing, then act: from the phase hook, or a moment later from a timer
+        (``fault=trace``), which marks it fired when it sets the timer."""
         self.record(step, index, self._plan_detail(step))
         self._act(step)
 

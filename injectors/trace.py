@@ -9,11 +9,22 @@ replacement is ``fault=node_loss`` (the node's ranks and what its memory held fo
 ``fault=kill`` (one rank's process). Hangs and corruptions (13 of 419) need a detector's timeout or a rollback of
 their own and are left out of the trace (say so where it is used). The plan is drawn once, from ``seed``, the same
 on every rank; each failure fires once, in whichever attempt reaches its step (as a listed ``fault.at_step``).
+
+Where in its step a failure strikes (``strike``): ``anywhere`` (the default) sets a timer at the step's start that
+fires a seeded fraction of a step's time later (``strike_fraction``; a step's time is the median gap between the
+attempt's latest step starts), so failures land anywhere in a step's compute, as crashes in wall time do;
+``boundary`` strikes at the step's start, as a listed ``fault=kill`` does. The difference is what a checkpoint's
+lag of a few milliseconds races: at the boundary right after a checkpoint every such failure meets it, in wall
+time only a few milliseconds of every interval do (docs/projection.md, "The failure trace").
 """
 
 from __future__ import annotations
 
 import random
+import statistics
+import threading
+import time
+from collections import deque
 from typing import Any
 
 from injectors.base import Injector
@@ -24,6 +35,7 @@ from resilience.workloads.base import stream_seed
 
 # Table 5 of the Llama 3 report, as the projection maps it (the crash kinds): the kind's weight and its fault.
 MIXES = {"llama3": {"node_loss": 315, "kill": 91}}
+STRIKES = ("anywhere", "boundary")
 
 
 class Trace(Injector):
@@ -31,14 +43,19 @@ class Trace(Injector):
     ``NodeLoss`` with listed steps do the work."""
 
     def __init__(self, mtbf_steps: float = 40.0, mix: str = "llama3", ranks_per_node: int = 1,
-                 **trigger: Any) -> None:
+                 strike: str = "anywhere", **trigger: Any) -> None:
         super().__init__(**trigger)
         self.mtbf_steps = require_number("fault.mtbf_steps", mtbf_steps, above=0)
         if mix not in MIXES:
             raise ValueError(f"fault.mix={mix}: must be one of {', '.join(MIXES)}")
-        self.mix, self.ranks_per_node = mix, require_int("ranks_per_node", ranks_per_node, 1)
+        if strike not in STRIKES:
+            raise ValueError(f"fault.strike={strike}: must be one of {', '.join(STRIKES)}")
+        self.mix, self.strike = mix, strike
+        self.ranks_per_node = require_int("ranks_per_node", ranks_per_node, 1)
         self.parts: list[Injector] = []
         self.kinds: dict[int, str] = {}  # step -> the fault's kind
+        self.starts: deque[float] = deque(maxlen=9)  # when this attempt's latest steps started
+        self.timers: list[threading.Timer] = []
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         super().validate(world_size, steps, ckpt_every)
@@ -66,12 +83,32 @@ class Trace(Injector):
             p.arm(state)
 
     def cleanup(self) -> None:
+        for timer in self.timers:  # the rank leaves before its failure struck (it fires in no later attempt)
+            timer.cancel()
         for p in self.parts:
             p.cleanup()
 
     def __call__(self, phase: str, step: int) -> None:
+        if phase == "before_forward":
+            self.starts.append(time.monotonic())
         for p in self.parts:
-            p(phase, step)
+            index = p.due(phase, step)
+            if index is None:
+                continue
+            if self.strike == "boundary":
+                p.fire(step, index)
+                continue
+            p.fired.add(index)  # set now: the step is not met again in this attempt
+            timer = threading.Timer(self.delay_s(step), p.strike, (step, index))
+            timer.daemon = True
+            timer.start()
+            self.timers.append(timer)
+
+    def delay_s(self, step: int) -> float:
+        """How long after the start of ``step`` its failure strikes: its seeded fraction of a step's time (the
+        median gap between the attempt's latest step starts, a checkpoint's gap among them; 0 before the second)."""
+        gaps = [b - a for a, b in zip(self.starts, list(self.starts)[1:])]
+        return strike_fraction(self.seed, step) * statistics.median(gaps) if gaps else 0.0
 
     def _plan_detail(self, step: int) -> dict[str, Any]:  # the parts record their own firings
         raise AssertionError("a trace's failures are recorded by its parts")
@@ -95,3 +132,9 @@ def draw(mix: str, mtbf_steps: float, seed: int, first: int, steps: int) -> dict
             return out
         kind = rng.choices(kinds, weights)[0]
         out.setdefault(step, kind)
+
+
+def strike_fraction(seed: int, step: int) -> float:
+    """Where in step ``step`` its failure strikes, as a fraction of the step's time in [0, 1): a pure function of
+    the trace's seed and the step (the bench predicts from it)."""
+    return random.Random(stream_seed(seed, "trace", "strike", step)).random()

@@ -4,10 +4,13 @@ of runs that are not the trace run."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from conftest import refusal, run_experiment
-from injectors.trace import MIXES, Trace, draw
+from injectors.trace import MIXES, Trace, draw, strike_fraction
 from resilience.bench import trace as bench
 from resilience.projection.run_model import RunCosts
 from resilience.record.events import read_events
@@ -32,9 +35,62 @@ def test_the_injector_splits_the_trace_into_a_kill_and_a_node_loss_with_listed_s
     assert all(fault.kinds[s] == name for name, steps in listed.items() for s in steps)
 
 
+class Struck(list):
+    """A trace part's stand-in for the timer tests: what ``strike`` was called with, and from which thread."""
+
+    def due(self, phase, step):
+        return 0 if (phase, step) == ("before_forward", 7) and not self.fired else None
+
+    def strike(self, step, index):
+        self.append((step, index, threading.current_thread() is threading.main_thread()))
+        self.done.set()
+
+    def cleanup(self):
+        pass
+
+
+def a_trace_with(part: Struck, strike: str) -> Trace:
+    part.fired, part.done = set(), threading.Event()
+    part.fire = lambda step, index: (part.fired.add(index), part.strike(step, index))
+    fault = Trace(mtbf_steps=20.0, rank=1, at_step=1, seed=11, strike=strike)
+    fault.parts = [part]
+    return fault
+
+
+def test_a_failure_strikes_its_seeded_fraction_of_a_step_into_its_step_from_a_timer():
+    assert strike_fraction(11, 7) == strike_fraction(11, 7) != strike_fraction(11, 8)
+    assert all(0 <= strike_fraction(11, s) < 1 for s in range(200))
+    part = Struck()
+    fault = a_trace_with(part, "anywhere")
+    assert fault.delay_s(7) == 0.0  # no step's time known yet: at the step's start
+    fault.starts.extend([10.0, 10.1, 10.2, 10.5])  # gaps 0.1, 0.1 and a checkpoint's 0.3: the median is a step
+    assert fault.delay_s(7) == pytest.approx(strike_fraction(11, 7) * 0.1)
+    fault.starts.clear()
+    for step in range(5, 8):
+        fault("before_forward", step)
+        if step < 7:
+            time.sleep(0.05)
+    assert part == [] and part.fired == {0}  # marked fired when the timer was set: the step is not met again
+    assert part.done.wait(5) and part == [(7, 0, False)]  # from the timer's thread
+    fault.cleanup()
+
+
+def test_a_pending_failure_is_cancelled_when_the_rank_leaves_and_boundary_strikes_at_once():
+    part = Struck()
+    fault = a_trace_with(part, "anywhere")
+    fault.starts.extend([0.0, 10.0])  # a 10 s step: the failure is still pending when the rank leaves
+    fault("before_forward", 7)
+    fault.cleanup()
+    assert not part.done.wait(0.2) and part == []
+    boundary = Struck()
+    a_trace_with(boundary, "boundary")("before_forward", 7)
+    assert boundary == [(7, 0, True)]
+
+
 @pytest.mark.parametrize(("overrides", "said"), [
     (("fault.mtbf_steps=0",), "fault.mtbf_steps=0"),
     (("fault.mix=nope",), "fault.mix=nope: must be one of llama3"),
+    (("fault.strike=later",), "fault.strike=later: must be one of anywhere, boundary"),
 ])
 def test_bad_trace_settings_are_refused_in_one_line(tmp_path, overrides, said):
     assert said in refusal(tmp_path, ("fault=trace", "steps=40", *overrides))
@@ -75,6 +131,20 @@ def test_the_predictions_lose_the_steps_since_the_newest_durable_checkpoint():
     assert closed["lost_steps"] == pytest.approx(2 * 4.0)
 
 
+def test_a_failure_races_the_lag_from_where_in_its_step_it_strikes():
+    """With fault.strike=anywhere a failure strikes part of a step after its step's start: the lag it races has
+    run that much longer, and that part of the step is lost with it."""
+    costs = RunCosts(steps=100, every=5, step_s=0.09, step_wall_s=0.1, stall_s=0.05, startup_s=5.0,
+                     teardown_s=1.0, recovery_s=3.0)
+    lags, plan = both([0.12]), {21: "node_loss"}  # 1 step after its checkpoint: its step starts 0.1 s after the stall
+    early = bench.predict(costs, lags, plan, into={21: 0.01})["schedule"]
+    late = bench.predict(costs, lags, plan, into={21: 0.05})["schedule"]
+    assert early["lost_steps"] == 1 + 5 and late["lost_steps"] == 1
+    at_start = bench.predict(costs, both([0.0]), plan)["schedule"]
+    assert bench.predict(costs, both([0.0]), plan, into={21: 0.05})["schedule"]["wall_s"] == pytest.approx(
+        at_start["wall_s"] + 0.05)
+
+
 def test_each_failure_kind_races_its_own_lag():
     """In-memory: a killed rank's own snapshot (committed soon after the stall) outlives its process; a node loss
     needs the peer's copy, which lags longer. Each planned failure meets the lag of its kind."""
@@ -90,11 +160,16 @@ def test_each_failure_kind_races_its_own_lag():
     assert half["lost_steps"] == pytest.approx(2 * (2.0 + (0.01 + 3.5) / 2))
 
 
-def test_step_costs_are_fitted_on_the_fault_free_runs_and_r_on_the_recoveries():
+def test_step_costs_are_fitted_on_the_fault_free_run_and_r_per_failure_kind_weighed_by_the_trace():
     def fit_run(step_wall_s, faults, recoveries):
         return {"step_s": step_wall_s, "step_wall_s": step_wall_s, "stall_s": 0.1, "startup_s": 5.0,
                 "teardown_s": 1.0, "faults": faults, "recoveries_s": recoveries}
 
-    costs, lags = bench.fitted_costs([fit_run(0.06, 0, []), fit_run(0.09, 3, [2.0, 3.0, 4.0])],
-                                     {"kill": [], "node_loss": [0.1]}, 100)
-    assert costs.step_wall_s == 0.06 and costs.recovery_s == 3.0 and lags == {"kill": [0.0], "node_loss": [0.1]}
+    runs = {"fault_free": fit_run(0.06, 0, []), "kill": fit_run(0.09, 3, [2.0, 3.0, 4.0]),
+            "node_loss": fit_run(0.09, 2, [5.0, 7.0])}
+    costs, lags = bench.fitted_costs(runs, {"kill": [], "node_loss": [0.1]}, 100, {"kill": 0.25, "node_loss": 0.75})
+    assert costs.step_wall_s == 0.06 and lags == {"kill": [0.0], "node_loss": [0.1]}
+    assert costs.recovery_s == pytest.approx(0.25 * 3.0 + 0.75 * 6.0)
+    with pytest.raises(RuntimeError, match="node_loss fit run holds no recovery"):
+        bench.fitted_costs({**runs, "node_loss": fit_run(0.09, 0, [])}, {"kill": [], "node_loss": []}, 100,
+                           {"kill": 0.25, "node_loss": 0.75})

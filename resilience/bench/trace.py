@@ -8,19 +8,20 @@ the run measured: the wall time to N steps (the first step's start to the last s
     make trace: --steps 3000 --mtbf-steps 50 (~60 failures: a lost-work figure a few failures cannot swing)
 
 Every cost a prediction uses is fitted on runs that are not the trace run (no parameter of a technique is taken
-from its own trace run): per technique a fault-free run and a run with kills at a known rate (80 steps each) give
-the step time t_w and the step's own t_d and the stall C a checkpoint costs the loop (the fault-free run's), the
-start-up and tear-down, the recovery R (fault -> first step of the next attempt), every checkpoint's lag from its
-stall's end until it can be recovered from, and when after a stall the loop reaches each later step boundary. Two
-predictions:
+from its own trace run): per technique a fault-free run and a run per failure kind (kills, node losses) at a known
+rate (80 steps each) give the step time t_w and the step's own t_d and the stall C a checkpoint costs the loop (the
+fault-free run's), the start-up and tear-down, the recovery R per kind (fault -> first step of the next attempt;
+weighed by the trace's mix), every checkpoint's lag from its stall's end until it can be recovered from, and when
+after a stall the loop reaches each later step boundary. Two predictions:
 
 * **closed form** (``resilience.projection.goodput.predicted_goodput``, the projection's): the training phase's
   goodput g at interval every x t_w, C, L (C + the median lag), R and the MTBF M that puts the trace's K planned
   failures in the wall time it predicts (M = W / K); wall = N x t_w / g, ETTR = g x t_d / t_w, lost = K x
   ((every - 1) / 2 + the mean lag in steps): an expectation, which a few failures scatter around;
 * **from the schedule** (``resilience.projection.run_model``): the step clock over the planned failures, each
-  losing the steps since its newest checkpoint, and that checkpoint's interval too with the share of measured lags
-  that outlast the failure's strike.
+  losing the steps since its newest checkpoint and the part of its own step it struck in, and that checkpoint's
+  interval too with the share of measured lags that outlast the failure's strike (its step's start after the
+  stall, plus its seeded fraction of a step: ``fault.strike=anywhere``, injectors/trace.py).
 
 Error = predicted / measured - 1 per technique and measure; the goal is 10%. Prints a Markdown table and writes it
 with a CSV under ``--out``.
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from injectors.trace import draw
+from injectors.trace import draw, strike_fraction
 from resilience.bench import lineup
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
@@ -58,28 +59,32 @@ def common(steps: int, seed: int) -> list[str]:
 
 
 def fit_runs(strategy: str) -> dict[str, list[str]]:
-    """The runs a technique's costs are fitted on: fault-free, and kills at a known rate (not the trace)."""
+    """The runs a technique's costs are fitted on (not the trace): fault-free, and each of the trace's failure
+    kinds at a known rate (a node loss recovers differently from a killed rank: in-memory's from the peer's copy)."""
     base = [f"strategy={strategy}", *common(FIT_STEPS, 12)]
-    return {"fault_free": [*base, "fault=none"],
-            "kills": [*base, "fault=kill", "fault.rank=1", "fault.at_step=1", "fault.probability=0.05",
-                      f"fault.count={FIT_STEPS}", "fault.seed=13"]}
+    rate = ["fault.rank=1", "fault.at_step=1", "fault.probability=0.05", f"fault.count={FIT_STEPS}", "fault.seed=13"]
+    return {"fault_free": [*base, "fault=none"], **{kind: [*base, f"fault={kind}", *rate] for kind in RECOVERABLE}}
 
 
-def fitted_costs(runs: list[dict], lags: dict[str, list[float]], steps: int) -> tuple[RunCosts, dict[str, list[float]]]:
-    """The costs: a step's and a checkpoint's from the fault-free fit runs (a restarted rank's first steps run cold:
-    pooled in, they put sync's t_w 13% over the trace run's steady steps), R over every recovery of the others;
-    and every measured lag (a checkpoint's stall end until it can be recovered from), kept as a distribution."""
-    steady = [m for m in runs if not m["faults"]] or runs
-    recoveries = [r for m in runs for r in m["recoveries_s"]]
-    if not recoveries:
-        raise RuntimeError("the fit runs hold no recovery: R cannot be fitted")
+def fitted_costs(runs: dict[str, dict], lags: dict[str, list[float]], steps: int,
+                 mix: dict[str, float]) -> tuple[RunCosts, dict[str, list[float]]]:
+    """The costs: a step's and a checkpoint's from the fault-free fit run (a restarted rank's first steps run cold:
+    pooled in, they put sync's t_w 13% over the trace run's steady steps), R per failure kind over the recoveries
+    of that kind's run, weighed by the trace's ``mix`` (kind -> share); and every measured lag (a checkpoint's
+    stall end until it can be recovered from), kept as a distribution."""
+    steady = [m for m in runs.values() if not m["faults"]] or list(runs.values())
+    recovery = {}
+    for kind in mix:
+        if not (measured := runs.get(kind, {}).get("recoveries_s")):
+            raise RuntimeError(f"the {kind} fit run holds no recovery: R cannot be fitted")
+        recovery[kind] = float(np.mean(measured))
     costs = RunCosts(steps=steps, every=EVERY, step_s=float(np.mean([m["step_s"] for m in steady])),
                      step_wall_s=float(np.mean([m["step_wall_s"] for m in steady])),
                      # an asynchronous save's gap can come out a hair below a plain step's: noise, not a gain
                      stall_s=max(0.0, float(np.mean([m["stall_s"] for m in steady]))),
-                     startup_s=float(np.mean([m["startup_s"] for m in runs])),
-                     teardown_s=float(np.mean([m["teardown_s"] for m in runs])),
-                     recovery_s=float(np.mean(recoveries)))
+                     startup_s=float(np.mean([m["startup_s"] for m in runs.values()])),
+                     teardown_s=float(np.mean([m["teardown_s"] for m in runs.values()])),
+                     recovery_s=sum(share * recovery[kind] for kind, share in mix.items()))
     return costs, {fault: measured or [0.0] for fault, measured in lags.items()}
 
 
@@ -92,7 +97,7 @@ RECOVERABLE = {"kill": ("ckpt_memory_saved", "ckpt_durable"), "node_loss": ("ckp
 
 def lags_after_stall(run_dir: Path, fault: str) -> list[float]:
     """Each checkpoint's time from the end of its stall (training goes on) until it can be recovered from after a
-    failure of kind ``fault``, each rank's own (a failure strikes one rank at its own step boundary): at most 0 for
+    failure of kind ``fault``, each rank's own (a failure strikes one rank in its own step): at most 0 for
     a save that is complete before training goes on (sync)."""
     events = read_events(run_dir)
     kind = next((k for k in RECOVERABLE[fault] if any(e["kind"] == k for e in events)), RECOVERABLE[fault][-1])
@@ -132,25 +137,29 @@ def fault_offsets(run_dir: Path) -> list[float]:
             if e["kind"] == "fault_injected" and (e["rank"], e["attempt"], e["step"]) in ends]
 
 
-def lost_at(step: int, lags: np.ndarray, strikes: dict[int, float]) -> float:
-    """Steps replayed after a failure before step ``step`` + 1, expected over the measured lags: those since the
+def lost_at(step: int, lags: np.ndarray, strike_s: float) -> float:
+    """Steps replayed after a failure in step ``step`` + 1, expected over the measured lags: those since the
     newest checkpoint, and its interval as well when that checkpoint could not yet be recovered from (the share of
-    lags longer than the time after its stall at which such a failure strikes)."""
+    lags longer than ``strike_s``, the time after its stall at which the failure strikes)."""
     since = lost_steps_at(step, EVERY)
     if step < EVERY:
         return float(since)
-    return since + EVERY * float(np.mean(lags > strikes[since]))
+    return since + EVERY * float(np.mean(lags > strike_s))
 
 
 def predict(costs: RunCosts, lags: dict[str, list[float]], plan: dict[int, str],
-            strikes: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+            strikes: dict[int, float] | None = None, into: dict[int, float] | None = None
+            ) -> dict[str, dict[str, float]]:
     """The two predictions of the module docstring: wall time to N steps, ETTR and steps lost. ``lags``: the
-    measured lags per failure kind; ``plan``: step -> the failure's kind; ``strikes``: d -> the time after a stall
-    at which a failure d steps after its checkpoint strikes (default: d plain steps)."""
+    measured lags per failure kind; ``plan``: step -> the failure's kind; ``strikes``: d -> when, after a stall, the
+    d+1-th step after its checkpoint starts (default: d plain steps); ``into``: step -> how far into its step the
+    failure strikes (s; default: at its start), the part of that step lost with it."""
     k, n, tw = len(plan), costs.steps, costs.step_wall_s
     strikes = strikes or {d: d * tw for d in range(EVERY)}
-    lost = sum(lost_at(s, np.asarray(lags[kind]), strikes) for s, kind in plan.items())
-    window = predicted_wall_s(costs, k, lost) - costs.startup_s - costs.teardown_s
+    into = into or {}
+    lost = sum(lost_at(s, np.asarray(lags[kind]), strikes[lost_steps_at(s, EVERY)] + into.get(s, 0.0))
+               for s, kind in plan.items())
+    window = predicted_wall_s(costs, k, lost) + sum(into.values()) - costs.startup_s - costs.teardown_s
     schedule = {"wall_s": window, "ettr": n * costs.step_s / window, "lost_steps": float(lost)}
     share = {kind: sum(1 for f in plan.values() if f == kind) / max(k, 1) for kind in lags}  # the trace's mix
     lag_s = sum(w * max(float(np.median(lags[kind])), 0.0) for kind, w in share.items())
@@ -194,20 +203,21 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
               reuse: bool = False) -> list[dict]:
     """Fit, trace, predict: one row per (prediction, measure)."""
     index = f"reference.index={(out / 'references').resolve()}"
-    fitted, lags, strikes, offsets = [], {fault: [] for fault in RECOVERABLE}, {d: [] for d in range(EVERY)}, []
+    fitted, lags, strikes, offsets = {}, {fault: [] for fault in RECOVERABLE}, {d: [] for d in range(EVERY)}, []
     for name, settings in fit_runs(strategy).items():
         run_dir = out / strategy / name
         result, code = run(run_dir, [*settings, index, *overrides], reuse)
         if result is None or result["status"] != "ok":
             raise RuntimeError(f"{strategy} fit run {name}: exit {code}, {result and result['status']}")
-        fitted.append(measure(run_dir))
+        fitted[name] = measure(run_dir)
         for fault in RECOVERABLE:
             lags[fault] += lags_after_stall(run_dir, fault)
         offsets += fault_offsets(run_dir)
         for d, times in strike_times(run_dir).items():
             strikes[d] += times
-    costs, lags = fitted_costs(fitted, lags, steps)
     plan = dict(sorted(draw("llama3", mtbf, seed, 1, steps).items()))
+    mix = {kind: sum(1 for f in plan.values() if f == kind) / max(len(plan), 1) for kind in RECOVERABLE}
+    costs, lags = fitted_costs(fitted, lags, steps, mix)
     trace_dir = out / strategy / "trace"
     result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
                                    f"fault.mtbf_steps={mtbf}", f"fault.seed={seed}", "reference.check=run", index,
@@ -217,8 +227,11 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
     seen = measured_outcome(trace_dir)
     rows = []
     phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step they strike
-    at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) + phase for d, times in strikes.items()}
-    for how, predicted in predict(costs, lags, plan, at).items():
+    at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) for d, times in strikes.items()}
+    # fault.strike=anywhere (the trace's default): each failure its seeded fraction of a step into its step
+    into = ({s: phase for s in plan} if "fault.strike=boundary" in overrides
+            else {s: strike_fraction(seed, s) * costs.step_wall_s for s in plan})
+    for how, predicted in predict(costs, lags, plan, at, into).items():
         for measure_name, value in predicted.items():
             truth = seen[measure_name]
             rows.append({"strategy": strategy, "prediction": how, "measure": measure_name, "measured": truth,
