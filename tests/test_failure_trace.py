@@ -109,6 +109,9 @@ def test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_sta
     assert result["status"] == "ok" and result["final_state_sha256"] == fault_free["final_state_sha256"]
 
 
+WALL, STEPS = "closed form, failures in wall time", "closed form, failures in steps"
+
+
 def both(lags: list[float]) -> dict[str, list[float]]:
     return {"kill": lags, "node_loss": lags}
 
@@ -125,9 +128,9 @@ def test_the_predictions_lose_the_steps_since_the_newest_durable_checkpoint():
     # whichever lag it met, the one 2 steps after it in half of them
     mixed = bench.predict(costs, both([0.2, 0.3]), plan)["schedule"]
     assert mixed["lost_steps"] == pytest.approx(3 + 5 + 0.5 * 5)
-    closed = bench.predict(costs, both([0.0]), plan)["closed form"]
+    closed = bench.predict(costs, both([0.0]), plan)[WALL]
     assert closed["lost_steps"] == pytest.approx(2 * 2.0) and 0 < closed["ettr"] < 0.9
-    closed = bench.predict(costs, both([0.2]), plan)["closed form"]  # a 2-step lag: 2 steps more per failure
+    closed = bench.predict(costs, both([0.2]), plan)[WALL]  # a 2-step lag: 2 steps more per failure
     assert closed["lost_steps"] == pytest.approx(2 * 4.0)
 
 
@@ -145,6 +148,22 @@ def test_a_failure_races_the_lag_from_where_in_its_step_it_strikes():
         at_start["wall_s"] + 0.05)
 
 
+def test_the_closed_form_for_failures_in_steps_is_the_step_clock_expected_over_where_a_failure_lands():
+    """Failures only in training steps, as the trace's: each costs R, half a step, (every - 1) / 2 steps and the
+    checkpoint's interval with the chance that its lag outlasts the strike, over the d steps after it and the point
+    within the step."""
+    costs = RunCosts(steps=100, every=5, step_s=0.09, step_wall_s=0.1, stall_s=0.05, startup_s=5.0,
+                     teardown_s=1.0, recovery_s=3.0)
+    plan = {12: "node_loss", 21: "node_loss"}
+    none = bench.predict(costs, both([0.0]), plan)[STEPS]
+    assert none["lost_steps"] == pytest.approx(2 * 2.0)
+    assert none["wall_s"] == pytest.approx(100 * 0.1 + 19 * 0.05 + 2 * (3.0 + 0.05) + 4.0 * 0.1)
+    # a lag of 1.5 steps: every failure in the step right after the checkpoint loses it, half of those in the next
+    lagging = bench.predict(costs, both([0.15]), plan)[STEPS]
+    assert lagging["lost_steps"] == pytest.approx(2 * (2.0 + 5 * (1 + 0.5) / 5))
+    assert lagging["ettr"] == pytest.approx(100 * 0.09 / lagging["wall_s"])
+
+
 def test_each_failure_kind_races_its_own_lag():
     """In-memory: a killed rank's own snapshot (committed soon after the stall) outlives its process; a node loss
     needs the peer's copy, which lags longer. Each planned failure meets the lag of its kind."""
@@ -154,9 +173,9 @@ def test_each_failure_kind_races_its_own_lag():
     kill = bench.predict(costs, lags, {21: "kill"})
     node = bench.predict(costs, lags, {21: "node_loss"})
     assert kill["schedule"]["lost_steps"] == 1 and node["schedule"]["lost_steps"] == 1 + 5
-    assert kill["closed form"]["lost_steps"] == pytest.approx(2.0 + 0.01)
-    assert node["closed form"]["lost_steps"] == pytest.approx(2.0 + 3.5)
-    half = bench.predict(costs, lags, {21: "kill", 31: "node_loss"})["closed form"]  # the mix weighs the lags
+    assert kill[WALL]["lost_steps"] == pytest.approx(2.0 + 0.01)
+    assert node[WALL]["lost_steps"] == pytest.approx(2.0 + 3.5)
+    half = bench.predict(costs, lags, {21: "kill", 31: "node_loss"})[WALL]  # the mix weighs the lags
     assert half["lost_steps"] == pytest.approx(2 * (2.0 + (0.01 + 3.5) / 2))
 
 
