@@ -50,6 +50,12 @@ class Kill(Injector):
             raise InjectedError(f"fault=kill fault.signal=exception: rank {self.rank} raised at step {step}")
         die(self.signal, self.exit_code)
 
+    def act_on(self, pid: int) -> None:
+        """The action from another process (``injectors.striker``): the signal to the rank's process ``pid``."""
+        if self.signal in ("exit", "exception"):
+            raise ValueError(f"fault.signal={self.signal}: only the rank's own process can do it")
+        os.kill(pid, signal.Signals[self.signal])
+
 
 def die(signal_name: str, exit_code: int = 3) -> None:
     """End this process now, the way ``signal_name`` does; never returns."""

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from injectors.kill import Kill
+from injectors.striker import wait_gone
 from resilience.settings.checks import require_int, require_number
 
 
@@ -52,3 +53,11 @@ class NodeLoss(Kill):
         if self.rt.node_memory is not None:
             self.rt.node_memory.destroy(self.node())  # the node's RAM is gone with it
         super()._act(step)
+
+    def act_on(self, pid: int) -> None:
+        """From another process: the rank first, then, once it has stopped, the node's memory (no thread of the rank
+        writes into it after the wipe)."""
+        super().act_on(pid)
+        if self.rt.node_memory is not None:
+            wait_gone(pid)
+            self.rt.node_memory.destroy(self.node())

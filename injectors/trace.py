@@ -10,9 +10,10 @@ replacement is ``fault=node_loss`` (the node's ranks and what its memory held fo
 their own and are left out of the trace (say so where it is used). The plan is drawn once, from ``seed``, the same
 on every rank; each failure fires once, in whichever attempt reaches its step (as a listed ``fault.at_step``).
 
-Where in its step a failure strikes (``strike``): ``anywhere`` (the default) sets a timer at the step's start that
-fires a seeded fraction of a step's time later (``strike_fraction``; a step's time is the median gap between the
-attempt's latest step starts), so failures land anywhere in a step's compute, as crashes in wall time do;
+Where in its step a failure strikes (``strike``): ``anywhere`` (the default) strikes a seeded fraction of a step's
+time after the step's start (``strike_fraction``; a step's time is the median gap between the attempt's latest step
+starts), from a forked child that holds none of the rank's locks (``injectors.striker``), so failures land anywhere
+in a step's compute whatever the rank's threads are doing, as crashes in wall time do;
 ``boundary`` strikes at the step's start, as a listed ``fault=kill`` does. The difference is what a checkpoint's
 lag of a few milliseconds races: at the boundary right after a checkpoint every such failure meets it, in wall
 time only a few milliseconds of every interval do (docs/projection.md, "The failure trace").
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import random
 import statistics
-import threading
 import time
 from collections import deque
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 from injectors.base import Injector
 from injectors.kill import Kill
 from injectors.node_loss import NodeLoss
+from injectors.striker import Striker
 from resilience.settings.checks import require_int, require_number
 from resilience.workloads.base import stream_seed
 
@@ -55,7 +56,7 @@ class Trace(Injector):
         self.parts: list[Injector] = []
         self.kinds: dict[int, str] = {}  # step -> the fault's kind
         self.starts: deque[float] = deque(maxlen=9)  # when this attempt's latest steps started
-        self.timers: list[threading.Timer] = []
+        self.striker = Striker()
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         super().validate(world_size, steps, ckpt_every)
@@ -83,8 +84,7 @@ class Trace(Injector):
             p.arm(state)
 
     def cleanup(self) -> None:
-        for timer in self.timers:  # the rank leaves before its failure struck (it fires in no later attempt)
-            timer.cancel()
+        self.striker.stop()  # the rank leaves before its failure struck (it fires in no later attempt)
         for p in self.parts:
             p.cleanup()
 
@@ -99,10 +99,7 @@ class Trace(Injector):
                 p.fire(step, index)
                 continue
             p.fired.add(index)  # set now: the step is not met again in this attempt
-            timer = threading.Timer(self.delay_s(step), p.strike, (step, index))
-            timer.daemon = True
-            timer.start()
-            self.timers.append(timer)
+            self.striker.start(self.delay_s(step), p, step, index)
 
     def delay_s(self, step: int) -> float:
         """How long after the start of ``step`` its failure strikes: its seeded fraction of a step's time (the

@@ -4,8 +4,9 @@ of runs that are not the trace run."""
 
 from __future__ import annotations
 
-import threading
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,56 +36,90 @@ def test_the_injector_splits_the_trace_into_a_kill_and_a_node_loss_with_listed_s
     assert all(fault.kinds[s] == name for name, steps in listed.items() for s in steps)
 
 
-class Struck(list):
-    """A trace part's stand-in for the timer tests: what ``strike`` was called with, and from which thread."""
+class Struck:
+    """A trace part's stand-in: what the striker's child records and does, written to a file (the child is another
+    process), and the test's own process is never signalled."""
+
+    def __init__(self, log: Path) -> None:
+        self.log, self.fired = log, set()
 
     def due(self, phase, step):
         return 0 if (phase, step) == ("before_forward", 7) and not self.fired else None
 
-    def strike(self, step, index):
-        self.append((step, index, threading.current_thread() is threading.main_thread()))
-        self.done.set()
+    def _plan_detail(self, step):
+        return {"pid": os.getpid()}
+
+    def record(self, step, index, detail):
+        with open(self.log, "a") as f:
+            f.write(f"{time.monotonic()} {step} {index} {detail['pid']}\n")
+
+    def act_on(self, pid):
+        with open(self.log, "a") as f:
+            f.write(f"acted on {pid}\n")
+
+    def fire(self, step, index):  # fault.strike=boundary: in the rank, at once
+        self.fired.add(index)
+        self.record(step, index, self._plan_detail(step))
 
     def cleanup(self):
         pass
 
+    def lines(self, wait_s: float = 0.0) -> list[str]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            text = self.log.read_text() if self.log.exists() else ""
+            if text.count("\n") >= 2 or time.monotonic() >= deadline:
+                return text.splitlines()
+            time.sleep(0.01)
+
 
 def a_trace_with(part: Struck, strike: str) -> Trace:
-    part.fired, part.done = set(), threading.Event()
-    part.fire = lambda step, index: (part.fired.add(index), part.strike(step, index))
     fault = Trace(mtbf_steps=20.0, rank=1, at_step=1, seed=11, strike=strike)
     fault.parts = [part]
     return fault
 
 
-def test_a_failure_strikes_its_seeded_fraction_of_a_step_into_its_step_from_a_timer():
+def test_a_failure_strikes_its_seeded_fraction_of_a_step_into_its_step_from_a_child(tmp_path):
     assert strike_fraction(11, 7) == strike_fraction(11, 7) != strike_fraction(11, 8)
     assert all(0 <= strike_fraction(11, s) < 1 for s in range(200))
-    part = Struck()
+    part = Struck(tmp_path / "log")
     fault = a_trace_with(part, "anywhere")
     assert fault.delay_s(7) == 0.0  # no step's time known yet: at the step's start
     fault.starts.extend([10.0, 10.1, 10.2, 10.5])  # gaps 0.1, 0.1 and a checkpoint's 0.3: the median is a step
     assert fault.delay_s(7) == pytest.approx(strike_fraction(11, 7) * 0.1)
     fault.starts.clear()
-    for step in range(5, 8):
-        fault("before_forward", step)
-        if step < 7:
-            time.sleep(0.05)
-    assert part == [] and part.fired == {0}  # marked fired when the timer was set: the step is not met again
-    assert part.done.wait(5) and part == [(7, 0, False)]  # from the timer's thread
-    fault.cleanup()
+    started = time.monotonic()
+    fault.starts.extend([started - 0.4, started - 0.2])  # steps of 0.2 s: it strikes that fraction of 0.2 s later
+    try:
+        fault("before_forward", 7)
+        assert part.fired == {0}  # marked fired when the strike was set: the step is not met again in this attempt
+        # the rank's main thread holds the interpreter lock for a long while (a sort in C): a timer thread in the
+        # rank would wait for it; the child strikes on time
+        sorted(list(range(3_000_000, 0, -1)) * 2)
+        held = time.monotonic() - started
+        (struck, acted) = part.lines(wait_s=5)
+    finally:
+        fault.cleanup()
+    at, step, index, pid = struck.split()
+    assert (int(step), int(index), int(pid), acted) == (7, 0, os.getpid(), f"acted on {os.getpid()}")
+    assert float(at) - started < min(held, 0.2 + 0.15), (float(at) - started, held)  # struck while the lock was held
+    assert fault.striker.children == []
 
 
-def test_a_pending_failure_is_cancelled_when_the_rank_leaves_and_boundary_strikes_at_once():
-    part = Struck()
+def test_a_pending_failure_is_stopped_when_the_rank_leaves_and_boundary_strikes_at_once(tmp_path):
+    part = Struck(tmp_path / "log")
     fault = a_trace_with(part, "anywhere")
-    fault.starts.extend([0.0, 10.0])  # a 10 s step: the failure is still pending when the rank leaves
-    fault("before_forward", 7)
-    fault.cleanup()
-    assert not part.done.wait(0.2) and part == []
-    boundary = Struck()
+    now = time.monotonic()
+    fault.starts.extend([now - 20.0, now - 10.0])  # 10 s steps: the failure is still pending when the rank leaves
+    try:
+        fault("before_forward", 7)
+        (child,) = fault.striker.children
+    finally:
+        fault.cleanup()
+    assert part.lines(wait_s=0.3) == [] and not Path(f"/proc/{child}").exists()  # stopped and reaped
+    boundary = Struck(tmp_path / "boundary")
     a_trace_with(boundary, "boundary")("before_forward", 7)
-    assert boundary == [(7, 0, True)]
+    assert boundary.lines()[0].split()[1:] == ["7", "0", str(os.getpid())]
 
 
 @pytest.mark.parametrize(("overrides", "said"), [
