@@ -119,8 +119,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ckpt_begin", (), "a checkpoint is due: training stops for it (the stall begins)"),
     ("ckpt_stall_end", (), "training may go on (the stall ends); the save may still be persisting"),
     ("ckpt_durable", ("bytes", "path"), "rank 0 committed the checkpoint of `step`: a restart may load it"),
-    ("ckpt_written", (), "a background persist: this rank's part of the checkpoint of `step` is written and handed "
-     "to rank 0's commit (a failure of this rank from now on does not lose it)"),
+    ("ckpt_written", (), "a background persist: this rank's shard of the checkpoint of `step` is on disk (what is "
+     "left is handing its write results to rank 0, which commits alone)"),
     ("ckpt_pruned", (), "the checkpoint of `step` was removed (checkpoint.keep)"),
     ("ckpt_failed", ("error",), "a save failed; training goes on without that checkpoint"),
     ("ckpt_skipped", ("reason",), "a due save was skipped (when_busy=skip: the previous persist is in flight)"),

@@ -35,8 +35,11 @@ class PersistError(RuntimeError):
 
 
 def hooked_writer(rt: RankRuntime, path, step: int) -> HookedWriter:
-    """DCP writer that fires ``during_checkpoint`` once this rank's shard is on disk (and honours a disk fault)."""
-    return HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs)
+    """DCP writer that fires ``during_checkpoint`` once this rank's shard is on disk (and honours a disk fault).
+    It records ``ckpt_written`` then: what is left of this rank's part is handing its write results to rank 0, which
+    commits alone, so a failure of this rank from then on no longer loses the checkpoint (bench.trace's lag)."""
+    return HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs, on_written=lambda: rt.events.emit("ckpt_written",
+                                                                                                 step=step))
 
 
 def commit_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, keep: int) -> None:
@@ -56,9 +59,6 @@ def write_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, state_dict
         dirs.prepare(step)
     dist.barrier(group=group)  # nobody writes into the directory before rank 0 has emptied it
     dcp.save(state_dict, storage_writer=hooked_writer(rt, dirs.path_for(step), step), process_group=group)
-    # DCP's save ends with rank 0 gathering every rank's write results: from here rank 0 commits alone, so a failure
-    # of another rank no longer loses this checkpoint (the failure trace's lag of a killed rank, bench.trace)
-    rt.events.emit("ckpt_written", step=step)
     commit_checkpoint(rt, dirs, step, keep)
 
 

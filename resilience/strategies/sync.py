@@ -6,7 +6,7 @@ share of the (deduplicated) state, rank 0 writes DCP's metadata, then rank 0 com
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -41,15 +41,18 @@ class HookedWriter(FileSystemWriter):
     Each rank writes its share as ``threads`` files in parallel (DCP's ``thread_count``, size-balanced).
     """
 
-    def __init__(self, path, hook: PhaseHook, step: int, fs: Any = None, threads: int = WRITE_THREADS) -> None:
+    def __init__(self, path, hook: PhaseHook, step: int, fs: Any = None, threads: int = WRITE_THREADS,
+                 on_written: Callable[[], None] | None = None) -> None:
         super().__init__(path, sync_files=True, thread_count=threads)
-        self._hook, self._step = hook, step
+        self._hook, self._step, self._on_written = hook, step, on_written
         self.fs = ChecksumFileSystem(fs)  # over a disk fault's I/O layer, if any
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()
         self.fs.write_sidecar(self.path, dist.get_rank() if dist.is_initialized() else 0)
+        if self._on_written is not None:
+            self._on_written()
         self._hook("during_checkpoint", self._step)
         return future
 
