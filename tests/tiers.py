@@ -63,6 +63,8 @@ LONG: dict[str, str] = {
     "tests/test_nvrx_inprocess.py::test_fault_free_run_is_the_plain_run": "CI keeps its in-process restart",
     "tests/test_recovery.py::test_torchrun_two_nodes_recover_bit_exact": "CI keeps tests/test_torchrun.py",
     "tests/test_faults.py::test_fault_scenario[hang-sigstop]": "CI keeps hang-stall",
+    "tests/test_faults.py::test_fault_scenario[torn_write]":
+        "CI keeps the disk fault's slow and ENOSPC modes and a damaged checkpoint rejected (tests/test_rejected_load.py)",
     # the same mechanism at another step or phase
     "tests/test_inmemory.py::test_recovery_source_and_bit_exact[whole-world-one-node]": "inmemory sweep",
     "tests/test_inmemory.py::test_recovery_source_and_bit_exact[kill-mid-snapshot]": "inmemory sweep",
