@@ -58,7 +58,7 @@ class SyncCheckpoint(CheckpointStrategy):
     # DCP writes each rank's DTensor shards through the checkpoint file system and reshards them on load; a negative
     # control is no technique of any family (the report's choices never include it)
     caps = StrategyCaps(family="blocking", writes_through_checkpoint_fs=True, shards_state=True,
-                        reshards_on_load=True, when={"negative_control=True": {"family": None}})
+                        reshards_on_load=True, saves_stages=True, when={"negative_control=True": {"family": None}})
 
     def __init__(self, every: int, keep: int, parts: Any = "all", negative_control: bool = False) -> None:
         super().__init__(every, keep)

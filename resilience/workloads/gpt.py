@@ -95,7 +95,7 @@ class GPTWorkload(Workload):
     """Next-token prediction on a stream drawn from a seed-fixed Markov chain, so the loss really falls; or on
     bytes of text through a data loader (``train.data=loader``: a byte is a token, so vocab must be >= 256)."""
 
-    caps = WorkloadCaps(reads_tokens=True)
+    caps = WorkloadCaps(reads_tokens=True, splits_into_stages=True)
 
     def __init__(
         self,
