@@ -62,6 +62,8 @@ class StrategyCaps(Caps):
     # it saves, between full checkpoints, only the embedding rows that sparse gradients touched (Check-N-Run): it
     # needs a workload with such tables (``WorkloadCaps.sparse_gradients``)
     saves_touched_rows: bool = False
+    # it saves and loads each pipeline stage's state (``parallel=pp``; checked so far for sync alone)
+    saves_stages: bool = False
     # why a restore from its checkpoints is not the saved state bit for bit, by design (quantized rows); None: it is.
     # Its loads then say so (``ckpt_loaded_inexact``), and a run that restored one is not held to the bit-exact check
     # against the fault-free run (``result.json``'s ``bit_exact``: "not by design: ..."); a run without a restore is.
@@ -72,6 +74,7 @@ class StrategyCaps(Caps):
 class ParallelCaps(Caps):
     shards_state: bool = False  # each rank holds only a shard of the training state
     replicas: int | None = None  # how many ranks hold each shard (None: not sharded, every rank holds all of it)
+    stages: int = 1  # pipeline stages the model is cut into, one per rank (1: not pipelined)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +109,7 @@ class WorkloadCaps(Caps):
     sparse_gradients: bool = False  # some parameters have sparse gradients (embedding tables with sparse=True)
     reads_tokens: bool = False  # it trains on token windows of a text file (train.data=loader)
     schedules_lr: bool = False  # it brings its own LR scheduler (workload.scheduler), in place of train.lr_schedule
+    splits_into_stages: bool = False  # its model cuts into pipeline stages (``Workload.pipeline_stage``)
 
 
 # A role's name is its option's name: written once, as the YAML file's and the module's name.

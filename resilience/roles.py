@@ -60,6 +60,7 @@ def build_roles(cfg: DictConfig) -> Roles:
         raise ValueError(f"{type(cause).__name__}: {cause}") from None
     strategy = roles.strategy
     check(combination(cfg, roles))  # the table of which roles go together (resilience.compat)
+    roles.parallel.check_workload(roles.workload, int(cfg.world_size))  # a pipeline: micro-batches, layers
     if strategy.caps.saves:
         strategy.interval.check()
     if isinstance(strategy.interval, AutoInterval) and "during_checkpoint" in getattr(roles.injector, "phases", ()):
@@ -83,5 +84,6 @@ def combination(cfg: DictConfig, roles: Roles) -> Combination:
                        resume=OmegaConf.select(cfg, "resume", default=None),
                        on_notice=bool(OmegaConf.select(cfg, "checkpoint.on_notice", default=False)),
                        clip_norm=OmegaConf.select(cfg, "train.clip_norm", default=None),
+                       grad_accum=int(OmegaConf.select(cfg, "train.grad_accum", default=1)),
                        **{f: str(OmegaConf.select(cfg, f"train.{f}", default=getattr(Combination, f)))
                           for f in ("rng", "precision", "data", "lr_schedule")})

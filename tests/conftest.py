@@ -171,13 +171,20 @@ def sharded_fault_free(tmp_path_factory):
     return of
 
 
-def refusal(tmp_path, overrides) -> str:
-    """The error a configuration is refused with, checked as the command checks it before anything starts."""
+def checked(tmp_path, overrides) -> None:
+    """Check a configuration as the command checks it before anything starts (``ConfigError`` where refused)."""
     from resilience.__main__ import precheck
-    from resilience.config import ConfigError, check_group_choices
+    from resilience.config import check_group_choices
 
     argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
+    check_group_choices(argv)
+    precheck(argv)
+
+
+def refusal(tmp_path, overrides) -> str:
+    """The error a configuration is refused with, checked as the command checks it before anything starts."""
+    from resilience.config import ConfigError
+
     with pytest.raises(ConfigError) as info:
-        check_group_choices(argv)
-        precheck(argv)
+        checked(tmp_path, overrides)
     return str(info.value)

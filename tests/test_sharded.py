@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import pytest
 import sharded_ranks
-from conftest import SHARDED, refusal, run_experiment
+from conftest import SHARDED, checked, refusal, run_experiment
 from sharded_ranks import spawn
-from resilience.__main__ import precheck
-from resilience.config import check_group_choices
 from resilience.record.events import read_events
 
 REFUSED = [
@@ -39,9 +37,7 @@ def test_a_combination_that_cannot_shard_is_one_clear_line(tmp_path, overrides, 
                                        ("parallel=fsdp", "strategy=async"),
                                        ("parallel=hsdp", "world_size=4", "strategy=inmemory")])
 def test_the_sharded_combinations_pass(tmp_path, overrides):
-    argv = [*overrides, f"hydra.run.dir={tmp_path / 'run'}"]
-    check_group_choices(argv)
-    precheck(argv)
+    checked(tmp_path, overrides)
 
 
 @pytest.mark.slow

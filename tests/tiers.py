@@ -19,6 +19,11 @@ LONG: dict[str, str] = {
     # kill and recover per sharded strategy: CI keeps fsdp-sync-kill and hsdp-inmemory-node_loss
     "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[hsdp-dcp_async-kill]": "sharded sweep",
     "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[fsdp-async-kill]": "sharded sweep",
+    # pipeline parallelism: CI keeps the kill before the forward pass, compared with the fault-free run
+    "tests/test_pipeline_parallel.py::test_a_fault_free_pipeline_run_repeats_bit_for_bit":
+        "CI keeps the kill's run compared with the fault-free one",
+    "tests/test_pipeline_parallel.py::test_a_killed_stage_restarts_with_every_rank_and_ends_bit_exact"
+    "[during_checkpoint]": "kill phase sweep",
     # resharding 4 -> 2: CI keeps 2 -> 4 (tests/test_grow.py)
     "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
     # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded

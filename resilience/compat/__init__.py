@@ -8,14 +8,16 @@ strategy=...") is computed from the table: the options in ``conf/`` that it allo
 report's notes and ``docs/compatibility.md`` (``python -m resilience.compat``) are rendered from it too.
 
 The rooms, each beneath the next: ``options`` (the options of conf/ and how a refusal names them),
-``combination`` (what the rules see of a run), ``rules`` (the rows), ``render`` (the documentation). ``refusal``
-and ``check`` live here: they read ``RULES`` as this package holds it when they are asked, a plug-in's rows too.
+``combination`` (what the rules see of a run), ``rules`` (the rows; ``pipeline``: pipeline parallelism's),
+``render`` (the documentation). ``refusal`` and ``check`` live here: they read ``RULES`` as this package holds it
+when they are asked, a plug-in's rows too.
 """
 
 from __future__ import annotations
 
 from resilience.compat.combination import Combination, combinations, defaults, judged_by, RUN
 from resilience.compat.options import CONF_DIR, GROUPS, listing, Option, options
+from resilience.compat.pipeline import PIPELINE_RULES
 from resilience.compat.render import refused, render
 from resilience.compat.rules import Rule, RULES
 
@@ -35,4 +37,5 @@ def check(c: Combination) -> None:
         raise ValueError(line)
 
 
+RULES.extend(PIPELINE_RULES)  # pipeline parallelism's rows (resilience/compat/pipeline.py), after the general ones
 judged_by(refusal)  # a hint's alternatives are judged by the same table

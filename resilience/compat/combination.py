@@ -18,10 +18,10 @@ RUN = {"world_size": (1, 2, 3, 4), "supervisor.launcher": tuple(launcher.value f
        "supervisor.spares": (0, 1), "train.rng": tuple(m.value for m in Rng),
        "train.precision": tuple(m.value for m in Precision), "train.data": tuple(m.value for m in Data),
        "train.lr_schedule": tuple(m.value for m in LrSchedule), "checkpoint.on_notice": (False, True),
-       "train.clip_norm": (None, 1.0)}
+       "train.clip_norm": (None, 1.0), "train.grad_accum": (1, 2)}
 _FIELD = {"world_size": "world_size", "supervisor.launcher": "launcher", "supervisor.spares": "spares",
           "train.rng": "rng", "train.precision": "precision", "train.data": "data", "train.lr_schedule": "lr_schedule",
-          "checkpoint.on_notice": "on_notice", "train.clip_norm": "clip_norm"}
+          "checkpoint.on_notice": "on_notice", "train.clip_norm": "clip_norm", "train.grad_accum": "grad_accum"}
 
 Judge = Callable[["Combination"], "str | None"]
 # Who judges an alternative for a hint: the table's ``refusal`` (resilience.compat), over its rows as they are when
@@ -57,6 +57,7 @@ class Combination:
     lr_schedule: str = LrSchedule.constant.value
     on_notice: bool = False  # checkpoint.on_notice: save on a preemption's SIGTERM
     clip_norm: float | None = None  # train.clip_norm: the gradients' global norm clipped to it (None: no clipping)
+    grad_accum: int = 1  # train.grad_accum: micro-batches per optimizer step
     hinted: bool = True  # False while the table judges an alternative for a hint (no hints within hints)
 
     def caps(self, group: str) -> Caps:

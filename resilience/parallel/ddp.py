@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 class DataParallel(Parallelism):
 
-    def wrapper(self, device: torch.device, world_size: int, injector: Injector, in_place: bool) -> DDPWrapper:
+    def wrapper(self, device: torch.device, world_size: int, injector: Injector, in_place: bool,
+                workload: Any = None, layout: Any = None) -> DDPWrapper:
         return DDPWrapper(device, world_size, injector, in_place)
 
 

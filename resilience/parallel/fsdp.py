@@ -7,7 +7,7 @@ parameters become ``DTensor``s; ``get_state_dict`` gives each rank its shards, w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,7 +42,8 @@ class FullyShardedParallel(Parallelism):
     def shards(self, world_size: int) -> int:
         return world_size // self.caps.replicas
 
-    def wrapper(self, device: torch.device, world_size: int, injector: Injector, in_place: bool) -> FSDPWrapper:
+    def wrapper(self, device: torch.device, world_size: int, injector: Injector, in_place: bool,
+                workload: Any = None, layout: Any = None) -> FSDPWrapper:
         return FSDPWrapper(self, device, world_size)
 
 

@@ -10,6 +10,7 @@ import torch
 from resilience.detectors.base import Detection, Detector
 from resilience.record.events import EventLog
 from resilience.recovery.base import RecoveryPolicy
+from resilience.runtime.pipeline import global_norm
 from resilience.runtime.rank import RankRuntime, RejectionReport
 from resilience.state.train import TrainState
 
@@ -47,6 +48,8 @@ class RankDetectors:
     def grad_norm(self) -> float | None:
         if not self.needs_grad_norm:
             return None
+        if self.rt.layout is not None:  # a pipeline: every stage judges the whole model's norm, not its own part's
+            return float(global_norm(self.state.model.parameters(), self.rt.layout))
         # Sparse gradients (embedding tables) count by their values; DDP's sparse all-reduce leaves duplicate
         # indices, which coalescing sums first.
         grads = [g.coalesce().values() if g.is_sparse else g

@@ -128,6 +128,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         if prepared is None:  # a spare watches from the start
             die_with_parent(lambda: strategy.clean_up_run(run_dir))
         detectors = RankDetectors(roles.detectors, roles.policy)
+        layout = roles.parallel.layout(rank, world)  # a pipeline's stage (None: the rank holds the whole model)
         # Each service comes from the role that provides it; the runtime is frozen from here on.
         rt = RankRuntime(rank=rank, world_size=world, device=device, run_dir=run_dir,
                          ckpt_dir=Path(cfg.checkpoint.dir), events=events, identity=RunIdentity.of(cfg),
@@ -135,9 +136,10 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
                          load_max_step=rollback_bound(run_dir, events.attempt),
                          ckpt_fs=injector.checkpoint_fs(rank), node_memory=strategy.node_memory(run_dir),
                          ckpt_rejected=detectors.rejection_report(), group=group,
-                         wrap_model=bare if owns_step else roles.parallel.wrapper(device, world, injector,
-                                                                                  in_place=group.in_place),
-                         build_model=roles.workload.build_model)
+                         wrap_model=bare if owns_step else roles.parallel.wrapper(
+                             device, world, injector, in_place=group.in_place, workload=roles.workload,
+                             layout=layout),
+                         build_model=roles.workload.build_model, layout=layout)
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
@@ -146,13 +148,14 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
             wl = roles.workload  # a replacement whose state the strategy overwrites skips the initialisation
             empty = events.attempt > 0 and strategy.caps.overwrites_replacement_state
             ddp = rt.wrap_model(wl.build_model_uninitialised(device) if empty else wl.build_model().to(device))
-            state = TrainState(ddp, roles.workload.build_optimizer(ddp))
+            state = TrainState(ddp, roles.workload.build_optimizer(ddp), flat_optim=layout is not None)
+        runner = roles.parallel.step_runner(rt, state, roles.workload)  # a pipeline's schedule runs the step
         injector.arm(state)
         detectors.attach(rt, state)
         strategy.attach(rt)
         beater = Beater(run_dir, rank)
         try:
-            Trainer(cfg, rt, roles.workload, state, strategy, detectors, beater).run()
+            Trainer(cfg, rt, roles.workload, state, strategy, detectors, beater, runner).run()
         finally:
             beater.close()
             strategy.close()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from resilience.runtime.pipeline import StepRunner, global_norm
 from resilience.runtime.rank import RankRuntime
 from resilience.state.parts import Counters, JobParts, RngState
 from resilience.state.train import TrainState
@@ -42,9 +43,14 @@ class WarmupCosine:
 class Recipe:
     """Micro-batches, autocast, scaler, clipping and schedule of one step; builds ``state.parts``."""
 
-    def __init__(self, cfg: DictConfig, rt: RankRuntime, workload: Workload, state: TrainState) -> None:
+    def __init__(self, cfg: DictConfig, rt: RankRuntime, workload: Workload, state: TrainState,
+                 runner: StepRunner | None = None) -> None:
         t = cfg.train
-        self.rt, self.workload, self.state = rt, workload, state
+        self.rt, self.workload, self.state, self.runner = rt, workload, state, runner
+        # whose batch a rank trains on, and how many batches a step takes: under a pipeline each stage of one
+        # pipeline sees its pipeline's batch (the first stage its inputs, the last its targets)
+        layout = rt.layout
+        self.data_rank, self.replicas = (layout.replica, layout.replicas) if layout else (rt.rank, rt.world_size)
         self.reseed = str(t.rng) == "reseed"
         self.accum = int(t.grad_accum)
         self.clip = None if t.clip_norm is None else float(t.clip_norm)  # > 0 (settings.schema)
@@ -94,6 +100,10 @@ class Recipe:
         """The step's micro-batches through forward and backward; the mean loss and the sample ids trained on."""
         if self.reseed:  # anything stochastic replays identically after a restart
             torch.manual_seed(stream_seed(self.workload.seed, step, self.rt.rank, "rng"))
+        if self.runner is not None:  # a pipeline's schedule cuts the batch into micro-batches (fp32: resilience.compat)
+            loss = self.runner.forward_backward(self._batch(step, 0, []))
+            on_forward()
+            return loss, None
         total, ids = None, []
         for micro in range(self.accum):
             batch = self._batch(step, micro, ids)
@@ -107,7 +117,7 @@ class Recipe:
 
     def _batch(self, step: int, micro: int, ids: list) -> tuple[torch.Tensor, ...]:
         if self.data is None:  # one micro-batch: the batch of the step, as the replayable loop always had
-            return self.workload.batch(step * self.accum + micro, self.rt.rank, self.rt.device)
+            return self.workload.batch(step * self.accum + micro, self.data_rank, self.rt.device)
         sample_ids, x, y = self.data.next_batch(self.rt.device)
         ids.append(sample_ids.cpu())
         return x, y
@@ -116,7 +126,10 @@ class Recipe:
         """Unscale (fp16) and clip the summed gradients before the optimizer step."""
         if self.scaler is not None:
             self.scaler.unscale_(self.state.optimizer)
-        if self.clip is not None:
+        if self.clip is not None and self.rt.layout is not None:  # the norm over every stage's gradients
+            params = list(self.state.model.parameters())
+            torch.nn.utils.clip_grads_with_norm_(params, self.clip, global_norm(params, self.rt.layout))
+        elif self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.state.model.parameters(), self.clip)
 
     def after_commit(self, step: int, ids: torch.Tensor | None) -> None:
@@ -125,7 +138,7 @@ class Recipe:
         if scheduler is not None:
             scheduler.step()
         if self.counters is not None:
-            samples = self.workload.batch_size * self.accum * self.rt.world_size
+            samples = self.workload.batch_size * self.accum * self.replicas
             epoch = self.data.epoch if self.data is not None else 0
             self.counters.advance(samples, samples * self.workload.tokens_per_sample, epoch)
         if self.ledger is not None and ids is not None:

@@ -12,7 +12,11 @@ One attempt on one rank:
    ledger of samples) -> beat -> ``step_end`` event -> ``detectors.on_step_end`` -> at a checkpoint step the
    parts' hashes (train=real) -> ``strategy.save`` (beating ``CKPT_IO`` around it; it calls
    ``fault_hook("during_checkpoint")`` inside the write);
-3. ``strategy.wait`` until every save is durable, then the parts' hashes and the final state hash (``run_end``).
+3. ``strategy.wait`` until every save is durable, then the parts' hashes and the final state hash (``run_end``;
+   under a pipeline, ``parallel=pp``, the hash over every stage's).
+
+Under a pipeline the step's micro-batches go through the stages under the parallelism's schedule (its
+``StepRunner``, in the recipe) in place of the loop's own forward and backward; the order of calls is the same.
 
 With ``fault=drain`` every step ends with the ranks agreeing which of them got their node's maintenance notice
 (``resilience.rank.handover``): those end (``Drained``), the others ``strategy.hand_over`` the state to their
@@ -45,6 +49,7 @@ from resilience.rank.handover import Drained, MaintenanceNotice
 from resilience.rank.notice import Notice, NoticeHonoured
 from resilience.record.events import read_events
 from resilience.record.board import BACKWARD_DONE, CKPT_IO, FINISHED, FORWARD_DONE, STEP_DONE, STEP_START, Beater
+from resilience.runtime.pipeline import StepRunner, combined_sha256
 from resilience.runtime.rank import RankRuntime
 from resilience.settings.identity import job_first_attempt
 from resilience.rank.recipe import Recipe
@@ -59,13 +64,14 @@ class Trainer:
     """Runs one attempt of training on one rank (see the module docstring for the order of calls)."""
 
     def __init__(self, cfg: DictConfig, rt: RankRuntime, workload: Workload, state: TrainState,
-                 strategy: CheckpointStrategy, detectors: RankDetectors, beater: Beater) -> None:
+                 strategy: CheckpointStrategy, detectors: RankDetectors, beater: Beater,
+                 runner: StepRunner | None = None) -> None:
         self.cfg, self.rt, self.workload, self.state, self.strategy = cfg, rt, workload, state, strategy
         self.detectors, self.beater = detectors, beater
         # a strategy that owns the step may build the optimizer anew: the recipe's LR schedule follows it (fp16's
         # scaler never meets such a strategy: resilience.compat)
         control = strategy.step_control(state) if isinstance(strategy, OwnsStep) else None
-        self.recipe = Recipe(cfg, rt, workload, state)
+        self.recipe = Recipe(cfg, rt, workload, state, runner)
         self.control = control or StepControl(state.optimizer, self.recipe.scaler)
         # where the real loop hashes its parts (the reference's at the same steps): every step where the
         # checkpoint steps are chosen as the run goes (checkpoint.every=auto)
@@ -127,6 +133,8 @@ class Trainer:
         self._hash_parts(self.steps, "end")  # the loader's state as it stands, before its workers are let go
         self.recipe.close()
         digest = state_sha256(self.state.full_state_dict())
+        if rt.layout is not None:  # a stage's state is part of the whole: the hash of every stage's, on every rank
+            digest = combined_sha256(digest, rt.layout)
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
         ev.emit("run_end", step=self.steps, final_state_sha256=digest, peak_rss_mb=peak_rss_mb, fsync=True)
         return digest

@@ -18,6 +18,7 @@ from torch import nn
 
 from resilience.settings.identity import RunIdentity
 from resilience.record.events import EventLog
+from resilience.runtime.pipeline import Layout
 
 
 # A rank exits with this code when a detector inside it asked for a restart (a rollback, say): a requested
@@ -132,6 +133,8 @@ class RankRuntime:
     # The workload's model factory (a strategy that rebuilds a sharded model over a re-formed group builds it on
     # the meta device and overwrites every byte).
     build_model: Callable[[], nn.Module] | None = None
+    # The pipeline stage this rank holds (``parallel=pp``); None: not pipelined, the rank runs the whole model.
+    layout: Layout | None = None
 
     @property
     def attempt(self) -> int:

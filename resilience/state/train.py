@@ -23,6 +23,10 @@ class TrainState:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     parts: JobParts = field(default_factory=lambda: JobParts(0))
+    # The optimizer's state keyed by parameter name throughout (``state.<fqn>.exp_avg``, ``param_groups.<fqn>.lr``):
+    # a pipeline stage's keys are then its own. Nested, ``param_groups`` is one list under the same key on every
+    # stage with different contents, and DCP, which writes each key once, would give every stage one stage's list.
+    flat_optim: bool = False
 
     def state_dict(self, parts: Iterable[str] | None = None) -> dict[str, Any]:
         """``{"model": ..., "optim": ..., "job": ..., "rank": ...}`` keyed by fully qualified parameter names
@@ -31,9 +35,11 @@ class TrainState:
         Only call this once the optimizer has state (after a step) or right before loading: on a fresh optimizer
         PyTorch initialises the state with a zero-learning-rate step, which would advance Adam's step count.
         """
-        from torch.distributed.checkpoint.state_dict import get_state_dict  # ~0.5 s to import: only when used
+        # ~0.5 s to import: only when used
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(flatten_optimizer_state_dict=self.flat_optim))
         return {"model": model_sd, "optim": optim_sd, **self.parts.state_dict(parts)}
 
     def full_state_dict(self) -> dict[str, Any]:

@@ -71,8 +71,8 @@ class BackgroundCheckpoint(SyncCheckpoint):
     callback), so that the stall measures the staging alone, at the point it always has.
     """
 
-    # a save path of its own: whether it holds sharded state is each subclass's to say
-    caps = replace(SyncCheckpoint.caps, family="async snapshot + persist", shards_state=False)
+    # a save path of its own: whether it holds sharded state (or a pipeline's stages) is each subclass's to say
+    caps = replace(SyncCheckpoint.caps, family="async snapshot + persist", shards_state=False, saves_stages=False)
 
     def __init__(self, every: int, keep: int, when_busy: str = "wait", timeout_s: float = 60.0) -> None:
         super().__init__(every, keep)

@@ -48,7 +48,8 @@ class InMemoryCheckpoint(SyncCheckpoint):
     """Snapshots to shared memory (own area + one peer copy), persisting every ``persist_every``-th to disk."""
 
     # each rank snapshots its own shards (codec.snapshot_state) and loads exactly those back: not resharded
-    caps = dataclasses.replace(SyncCheckpoint.caps, family="in-memory", reshards_on_load=False)
+    caps = dataclasses.replace(SyncCheckpoint.caps, family="in-memory", reshards_on_load=False,
+                               saves_stages=False)
 
     def __init__(self, every: int, keep: int, persist_every: int = 4, ranks_per_node: int = 1,
                  verify: bool = True, world_size: int | None = None) -> None:

@@ -61,7 +61,7 @@ class SyncCheckpoint(CheckpointStrategy):
     # DCP writes each rank's DTensor shards through the checkpoint file system and reshards them on load; a negative
     # control is no technique of any family (the report's choices never include it)
     caps = StrategyCaps(family="blocking", writes_through_checkpoint_fs=True, shards_state=True,
-                        reshards_on_load=True, when={"negative_control=True": {"family": None}})
+                        reshards_on_load=True, saves_stages=True, when={"negative_control=True": {"family": None}})
 
     def __init__(self, every: int, keep: int, parts: Any = "all", negative_control: bool = False) -> None:
         super().__init__(every, keep)
@@ -127,9 +127,10 @@ class SyncCheckpoint(CheckpointStrategy):
         when any rank found one bad (rank 0 then records the rejection and the next ``agreed_entry`` passes over
         it). No rank fails alone: all decide together, before any tensor is touched.
 
-        Replicas (DDP) read every file. A sharded rank (FSDP) reads only the files holding pieces of its shards:
-        DCP's metadata first, then the files its load plan names (``_planned_files``); DCP cannot open any
-        other file of ``MemoryFiles``, so a wrong plan fails loudly instead of reading unverified bytes."""
+        Replicas (DDP) read every file. A sharded rank (FSDP), or a pipeline's stage, reads only the files holding
+        pieces of its shards or its stage: DCP's metadata first, then the files its load plan names
+        (``_planned_files``); DCP cannot open any other file of ``MemoryFiles``, so a wrong plan fails loudly instead
+        of reading unverified bytes."""
         record = self.dirs.manifest(entry) if self.rt.rank == 0 else None
         shared = [record]
         dist.broadcast_object_list(shared, src=0)  # what rank 0 checked is what every rank verifies
@@ -145,7 +146,8 @@ class SyncCheckpoint(CheckpointStrategy):
 
         try:
             verify(n for n in record["files"] if n not in data)
-            verify(self._planned_files(entry, buffers, sd) if data and is_sharded_state(sd) else data)
+            partial = is_sharded_state(sd) or self.rt.layout is not None  # a shard, or a pipeline's stage
+            verify(self._planned_files(entry, buffers, sd) if data and partial else data)
         except (OSError, KeyError, ValueError) as exc:  # ValueError: a checksum algorithm this code does not know
             reason = str(exc) if isinstance(exc, CorruptFile) else f"{type(exc).__name__}: {exc}"[:300]
         reasons: list = [None] * self.rt.world_size

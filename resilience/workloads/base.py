@@ -63,3 +63,19 @@ class Workload(ABC):
     @abstractmethod
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The scalar training loss of ``model`` on ``batch``."""
+
+    # Pipeline parallelism (``parallel=pp``) needs the three below; a workload that provides them declares
+    # ``caps.splits_into_stages`` (the table refuses the others before launch, so these defaults are never reached).
+    def pipeline_stage(self, model: nn.Module, stage: int, stages: int) -> nn.Module:
+        """Stage ``stage`` of ``stages`` of ``model`` (as ``build_model`` made it): its own parameters, under the
+        names they have in ``model``, and the same operations as the model's forward on them."""
+        raise ValueError(f"workload {type(self).__name__}: does not split into pipeline stages")
+
+    def stage_io(self, stage: int, stages: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Example input and output of ``stage`` for a micro-batch of ``micro`` samples (meta tensors: shape, dtype
+        and whether a gradient flows back through it)."""
+        raise ValueError(f"workload {type(self).__name__}: does not split into pipeline stages")
+
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of the last stage's ``output`` against ``target`` (a micro-batch's mean)."""
+        raise ValueError(f"workload {type(self).__name__}: does not split into pipeline stages")

@@ -59,11 +59,43 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class GPTStage(nn.Module):
+    """Blocks ``lo`` to ``hi - 1`` of a ``GPT`` under their own names (``blocks.3``), with the embeddings on the first
+    stage and the final norm and head on the last: ``GPT.forward``'s operations, cut between blocks."""
+
+    def __init__(self, full: GPT, lo: int, hi: int, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok, self.pos, self.drop = full.tok, full.pos, full.drop
+        self.blocks = nn.ModuleDict({str(i): full.blocks[i] for i in range(lo, hi)})
+        if last:
+            self.ln_f, self.head = full.ln_f, full.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            pos = torch.arange(x.shape[1], device=x.device)
+            x = self.drop(self.tok(x) + self.pos(pos))
+        for block in self.blocks.values():
+            x = block(x)
+        return self.head(self.ln_f(x)) if self.last else x
+
+
+def stage_blocks(n_layer: int, stage: int, stages: int) -> tuple[int, int]:
+    """The blocks ``[lo, hi)`` of ``stage``: as even as can be, the first ``n_layer % stages`` stages one more (the
+    last stage also holds the head)."""
+    if n_layer < stages:
+        raise ValueError(f"workload.n_layer={n_layer}: fewer blocks than parallel.stages={stages}")
+    base, extra = divmod(n_layer, stages)
+    lo = stage * base + min(stage, extra)
+    return lo, lo + base + (stage < extra)
+
+
 class GPTWorkload(Workload):
     """Next-token prediction on a stream drawn from a seed-fixed Markov chain, so the loss really falls; or on
     bytes of text through a data loader (``train.data=loader``: a byte is a token, so vocab must be >= 256)."""
 
-    caps = WorkloadCaps(reads_tokens=True)
+    caps = WorkloadCaps(reads_tokens=True, splits_into_stages=True)
 
     def __init__(
         self,
@@ -109,5 +141,18 @@ class GPTWorkload(Workload):
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, y = batch
-        logits = model(x)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        return self.loss_fn(model(x), y)
+
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+    def pipeline_stage(self, model: nn.Module, stage: int, stages: int) -> nn.Module:
+        return GPTStage(model, *stage_blocks(self.n_layer, stage, stages), stage == 0, stage == stages - 1)
+
+    def stage_io(self, stage: int, stages: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # requires_grad on the activations: without it the schedule allocates no gradient to send back, and the
+        # stages before the last would train on no gradient at all
+        hidden = torch.empty(micro, self.seq_len, self.d_model, device="meta", requires_grad=True)
+        first = torch.zeros(micro, self.seq_len, dtype=torch.long, device="meta")
+        last = torch.empty(micro, self.seq_len, self.vocab, device="meta")
+        return first if stage == 0 else hidden, last if stage == stages - 1 else hidden

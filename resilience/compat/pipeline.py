@@ -1,0 +1,75 @@
+"""The table's rows for pipeline parallelism (``parallel=pp``, docs/pipeline_parallel.md): what a pipeline of one
+stage per rank, checkpointed per stage and restarted whole, cannot do yet. ``resilience.compat`` appends them to the
+table after the general rows; each names the setting it refuses and what to use instead."""
+
+from __future__ import annotations
+
+from resilience.caps import StrategyCaps
+from resilience.compat.combination import Combination
+from resilience.compat.rules import comparing, Rule
+
+
+def pipelined(c: Combination) -> bool:
+    return c.parallel.stages > 1
+
+
+def from_a_replica(caps: StrategyCaps) -> bool:
+    """Whether the strategy recovers a lost rank from another rank's copy of its state (none under a pipeline)."""
+    return caps.recovers_in_place or caps.writes_at_failure
+
+
+PIPELINE_RULES: list[Rule] = [
+    Rule("one_stage_per_rank", ("parallel", "world_size"),
+         "A pipeline whose stages do not fill the world, one stage per rank.",
+         lambda c: pipelined(c) and c.world_size != c.parallel.stages,
+         lambda c: f"world_size={c.world_size}: {c.set('parallel')} holds one stage per rank; set "
+                   f"world_size={c.parallel.stages} ({c.said('parallel', 'stages')})"),
+    Rule("stages_to_cut", ("parallel", "workload"),
+         "A pipeline, with a workload whose model does not cut into stages.",
+         lambda c: pipelined(c) and not c.workload.splits_into_stages,
+         lambda c: f"{c.set('workload')}: its model does not cut into the stages of {c.set('parallel')}; use "
+                   f"{c.instead('workload', lambda w: w.splits_into_stages)} or "
+                   f"{c.instead('parallel', lambda p: p.stages == 1)}"),
+    Rule("saved_per_stage", ("parallel", "strategy"),
+         "A pipeline, with a strategy that checkpoints and is not yet checked to save and load each stage's state.",
+         lambda c: pipelined(c) and c.strategy.saves and not c.strategy.saves_stages,
+         lambda c: f"{c.set('strategy')}: not yet checked to save and load each stage's state under "
+                   f"{c.set('parallel')}; use {c.instead('strategy', lambda s: s.saves_stages)}"),
+    Rule("stages_restart_together", ("parallel", "strategy"),
+         "A pipeline, with a strategy that takes a lost rank's state from a live replica (in place, or written at the "
+         "failure): each stage is held once.",
+         lambda c: pipelined(c) and from_a_replica(c.strategy),
+         lambda c: f"{c.set('strategy')}: takes a lost rank's state from a live replica, and {c.set('parallel')} "
+                   f"holds each stage once; use {c.instead('strategy', lambda s: not from_a_replica(s))}"),
+    Rule("stages_keep_their_world", ("parallel", "recovery"),
+         "A pipeline, with a policy that changes the world size or restarts the training inside its processes.",
+         lambda c: pipelined(c) and (c.recovery.resizes_world or c.recovery.restarts_in_process),
+         lambda c: f"{c.set('recovery')}: {c.set('parallel')} needs every stage's rank, each in a new process, "
+                   f"after a failure; use "
+                   f"{c.instead('recovery', lambda p: not (p.resizes_world or p.restarts_in_process))}"),
+    Rule("no_ddp_in_a_pipeline", ("parallel", "fault"),
+         "A pipeline, with a fault that reaches into DDP's module and reduction.",
+         lambda c: pipelined(c) and c.fault.reaches_into_ddp,
+         lambda c: f"{c.set('fault')}: reaches into DDP's module and reduction, which {c.set('parallel')} has not; "
+                   f"use {c.instead('fault', lambda f: not f.reaches_into_ddp)}"),
+    Rule("stages_compared", ("parallel", "detector"),
+         "A pipeline, with a detector that compares the ranks' states (they hold different stages).",
+         lambda c: pipelined(c) and bool(comparing(c)),
+         lambda c: f"detector={comparing(c)}: compares the ranks' states, which are different stages under "
+                   f"{c.set('parallel')}; leave it out of the detector list"),
+    Rule("stages_in_fp32", ("parallel", "train.precision"),
+         "A pipeline, with autocast (bf16, fp16: not yet checked around the schedule, nor a scaler per stage).",
+         lambda c: pipelined(c) and c.precision != "fp32",
+         lambda c: f"train.precision={c.precision}: {c.set('parallel')} trains in fp32 for now (autocast around "
+                   f"its schedule is not yet checked); use train.precision=fp32"),
+    Rule("micro_batches_accumulate", ("parallel", "train.grad_accum"),
+         "A pipeline, with the loop's gradient accumulation (the pipeline's micro-batches are its accumulation).",
+         lambda c: pipelined(c) and c.grad_accum > 1,
+         lambda c: f"train.grad_accum={c.grad_accum}: under {c.set('parallel')} a step's micro-batches are "
+                   f"parallel.microbatches; set train.grad_accum=1"),
+    Rule("stages_on_synthetic_data", ("parallel", "train.data"),
+         "A pipeline, with the token file's loader (the first stage's loader is not yet built).",
+         lambda c: pipelined(c) and c.data == "loader",
+         lambda c: f"train.data=loader: {c.set('parallel')} trains on synthetic batches for now (a loader on the "
+                   f"first stage is not yet built); use train.data=synthetic"),
+]
