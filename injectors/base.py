@@ -177,8 +177,8 @@ class Injector(Named, ABC):
         self.strike(step, index)
 
     def strike(self, step: int, index: int) -> None:
-        """Record planned point ``index``'s firing, then act: from the phase hook, or a moment later from a timer
-        (``fault=trace``), which marks it fired when it sets the timer."""
+        """Record planned point ``index``'s firing, then act: from the phase hook, or a moment later from a striker
+        child (``fault=trace``, ``injectors.striker``, which calls ``record`` and ``act_on``)."""
         self.record(step, index, self._plan_detail(step))
         self._act(step)
 
