@@ -17,68 +17,17 @@ from __future__ import annotations
 import errno
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator
-
-from torch.distributed.checkpoint.filesystem import FileSystem
+from typing import TYPE_CHECKING, Any
 
 from injectors.base import Injector
-from injectors.kill import die
 from resilience.settings.checks import require_choice, require_int, require_number
 from resilience.state.train import TrainState
 
+if TYPE_CHECKING:
+    from injectors.faulty_fs import FaultyFileSystem
+
 MODES = ("throttle", "enospc", "eio", "torn_write")
-
-
-class FaultyStream:
-    """A file stream whose writes and reads pass through the disk fault."""
-
-    def __init__(self, raw: Any, disk: "SlowDisk") -> None:
-        self._raw, self._disk, self._written = raw, disk, 0
-
-    def write(self, data: Any) -> int:
-        n = memoryview(data).nbytes
-        cut = self._disk.before_write(self._written, n)
-        if cut is not None:  # torn write: only the first part reaches the disk, then the process dies
-            self._raw.write(memoryview(data).cast("B")[:cut])
-            self._raw.flush()
-            os.fsync(self._raw.fileno())
-            die("SIGKILL")
-        written = self._raw.write(data)
-        self._written += n
-        self._disk.throttle(n)
-        return written
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._raw.read(size)
-        self._disk.throttle(len(data))
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        n = self._raw.readinto(buffer)
-        self._disk.throttle(n or 0)
-        return n
-
-    def __getattr__(self, name: str) -> Any:  # seek, tell, flush, fileno, ...: the real file's
-        return getattr(self._raw, name)
-
-
-class FaultyFileSystem(FileSystem):
-    """DCP's local file system with every stream routed through a ``SlowDisk``."""
-
-    def __init__(self, disk: "SlowDisk") -> None:
-        super().__init__()
-        self._disk = disk
-
-    @contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        with super().create_stream(path, mode) as raw:
-            if not self._disk.active:
-                yield raw
-                return
-            self._disk.latency()
-            yield FaultyStream(raw, self._disk)
 
 
 class SlowDisk(Injector):
@@ -104,6 +53,8 @@ class SlowDisk(Injector):
             raise ValueError("fault=slow_disk: the strategy never checkpoints, so it never touches the disk")
 
     def checkpoint_fs(self, rank: int) -> FaultyFileSystem | None:
+        from injectors.faulty_fs import FaultyFileSystem  # on a rank only: DCP's import (resilience.ckpt.dcp_files)
+
         return FaultyFileSystem(self) if rank in self.targets() else None
 
     def arm(self, state: TrainState) -> None:

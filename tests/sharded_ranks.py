@@ -135,11 +135,9 @@ def _load_planned_files_only(state, tmp: str) -> None:
     """``sync``'s load of a sharded checkpoint verifies and serves only the files its plan names: DCP loads the
     saved state from those alone (``MemoryFiles`` has no other file to give it)."""
     import torch.distributed.checkpoint as dcp
-    from types import SimpleNamespace
 
-    from resilience.ckpt.verified import MemoryFiles
+    from resilience.ckpt.dcp_files import load, planned_files
     from resilience.state.train import state_sha256
-    from resilience.strategies.sync import SyncCheckpoint
 
     root = Path(tmp) / "planned"
     dcp.save(state.state_dict(), checkpoint_id=str(root))
@@ -147,12 +145,10 @@ def _load_planned_files_only(state, tmp: str) -> None:
     buffers = {".metadata": memoryview((root / ".metadata").read_bytes())}
     fresh = _sharded_state(dist.get_world_size(), tmp, steps=0)
     sd = fresh.state_dict()
-    planned = SyncCheckpoint._planned_files(SimpleNamespace(path=root), buffers, sd)
+    planned = planned_files(root, buffers, sd)
     assert planned and planned <= {p.name for p in root.glob("*.distcp")}
     buffers.update({name: memoryview((root / name).read_bytes()) for name in planned})
-    reader = dcp.FileSystemReader(str(root))
-    reader.fs = MemoryFiles(root, buffers)
-    dcp.load(sd, storage_reader=reader)
+    load(sd, root, buffers)
     fresh.load_state_dict(sd)
     assert state_sha256(fresh.full_state_dict()) == state_sha256(state.full_state_dict())
 

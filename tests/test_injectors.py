@@ -20,7 +20,8 @@ from injectors.bitflip import BitFlip
 from injectors.bits import choose_bits, flip_bits
 from injectors.kill import Kill
 from injectors.node_loss import NodeLoss
-from injectors.slow_disk import FaultyStream, SlowDisk
+from injectors.faulty_fs import FaultyStream
+from injectors.slow_disk import SlowDisk
 from resilience.record.events import EventLog, read_events
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState

@@ -33,15 +33,15 @@ WRITERS = ("before", "2files", "now")
 
 def _writer_factory(name: str):
     """A ``HookedWriter`` factory for ``SyncCheckpoint._save``: the harness's, or the one before issue 16's."""
-    from resilience.ckpt.checksum import ChecksumFileSystem
-    from resilience.strategies import sync
+    from resilience.ckpt import dcp_files
+    from resilience.ckpt.dcp_files import ChecksumFileSystem
 
-    real = sync.HookedWriter
+    real = dcp_files.HookedWriter
     if name == "now":
         return real
 
     def inline(path, hook, step, fs=None):
-        writer = real(path, hook, step, fs, threads=1 if name == "before" else sync.WRITE_THREADS)
+        writer = real(path, hook, step, fs, threads=1 if name == "before" else dcp_files.WRITE_THREADS)
         writer.fs = ChecksumFileSystem(fs, parallel=False)
         return writer
     return inline
@@ -56,6 +56,7 @@ def _rank(rank: int, port: int, out: str, workload: str, rounds: int, size_mb: i
     from resilience.record.events import EventLog
     from resilience.runtime.rank import RankRuntime
     from resilience.state.train import TrainState
+    from resilience.ckpt import dcp_files
     from resilience.strategies import sync
 
     torch.set_num_threads(1)
@@ -69,7 +70,7 @@ def _rank(rank: int, port: int, out: str, workload: str, rounds: int, size_mb: i
                      ckpt_dir=Path(out) / "ckpt", events=EventLog(Path(out), rank, 0))
     strategy = sync.SyncCheckpoint(every=1, keep=1)
     strategy.attach(rt)
-    streams = 2 * sync.WRITE_THREADS
+    streams = 2 * dcp_files.WRITE_THREADS
     step = 0
     for i in range(rounds):
         for what in ("probe_1", f"probe_{streams}", *WRITERS):
@@ -79,14 +80,14 @@ def _rank(rank: int, port: int, out: str, workload: str, rounds: int, size_mb: i
                     results.put((i, what, write_sample(Path(out), size_mb, int(what.split("_")[1])), 0))
                 continue
             step += 1
-            sync.HookedWriter, real = _writer_factory(what), sync.HookedWriter
+            dcp_files.HookedWriter, real = _writer_factory(what), dcp_files.HookedWriter
             try:
                 t0 = time.perf_counter()
                 strategy._save(step, state)
                 dist.barrier()  # durable on every rank, committed by rank 0
                 seconds = time.perf_counter() - t0
             finally:
-                sync.HookedWriter = real
+                dcp_files.HookedWriter = real
             if rank == 0:
                 nbytes = strategy.dirs.size(strategy.dirs.newest_committed())
                 results.put((i, what, nbytes / 1e9 / seconds, nbytes))
@@ -100,7 +101,7 @@ def measure(workload: str = "dlrm_emb", rounds: int = 3, out_dir: Path = Path("r
 
     Keys: ``rounds`` (list of {what: GB/s}), ``ckpt_bytes``, ``GBps`` (median per what), ``ratio_now_probe1``,
     ``ratio_before_probe1``, ``ratio_2files_probe1``, ``ratio_now_probeN`` (medians of the per-round ratios), ``streams``, ``loadavg``."""
-    from resilience.strategies.sync import WRITE_THREADS
+    from resilience.ckpt.dcp_files import WRITE_THREADS
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:

@@ -35,9 +35,9 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from resilience.ckpt.commit import CheckpointDir
 from resilience.ckpt.digest import for_record
-from resilience.ckpt.verified import MemoryFiles, read_verified
+from resilience.ckpt.dcp_files import HookedWriter, MemoryFiles
+from resilience.ckpt.verified import read_verified
 from resilience.state.train import TrainState
-from resilience.strategies.sync import HookedWriter
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -7,7 +7,7 @@ survivor per shard writes it). A header (magic, where the skeleton and the data 
 native state dicts with every tensor replaced by a ``codec.TensorRef``, as the in-memory snapshots lay it out), then
 every tensor's bytes at an ``ALIGN``-ed offset. Written as a stream, each tensor's own bytes straight from its memory
 (no staging copy: a survivor writes it inside the launcher's grace period), through the checkpoint file system with
-its checksum summed as it is written (``checksum.ChecksumFileSystem``); read back once, verified
+its checksum summed as it is written (``dcp_files.ChecksumFileSystem``); read back once, verified
 (``verified.read_verified``), then copied straight into the live tensors (``codec.StateCodec.decode``).
 
 **The per-rank parts** (``RankParts``): a rank's RNG streams and data loader position are on no replica, so every

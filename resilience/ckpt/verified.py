@@ -11,15 +11,11 @@ instead (the fault must see every read), with the sum taken beside the reads. Th
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
-
-from torch.distributed.checkpoint.filesystem import FileSystem
+from typing import Any
 
 from resilience.ckpt.digest import CURRENT, Digest
 
@@ -78,46 +74,3 @@ def _mapped(path: Path, size: int, expected: int, digest: Digest) -> memoryview:
     if running.value != expected:
         raise CorruptFile(f"checksum mismatch in {path.name}")
     return view
-
-
-class _MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over a buffer: ``readinto`` copies once, into the caller's memory."""
-
-    def __init__(self, buf: memoryview) -> None:
-        super().__init__()
-        self._buf, self._pos = buf, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        out = memoryview(b).cast("B")
-        n = max(0, min(len(out), len(self._buf) - self._pos))
-        out[:n] = self._buf[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf)}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-
-class MemoryFiles(FileSystem):
-    """DCP's file system for reading a checkpoint whose files are already in memory (name relative to ``root``)."""
-
-    def __init__(self, root: Path, buffers: dict[str, memoryview]) -> None:
-        super().__init__()
-        self._root, self._buffers = Path(root), buffers
-
-    @contextmanager
-    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-        if "r" not in mode or "+" in mode:
-            raise OSError(f"{path}: a verified checkpoint in memory is read-only")
-        yield _MemoryFile(self._buffers[Path(path).relative_to(self._root).as_posix()])

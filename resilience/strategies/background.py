@@ -15,17 +15,19 @@ import time
 from concurrent.futures import Future
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from resilience.settings.checks import require_number
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState
 from resilience.ckpt.commit import CheckpointDir
-from resilience.strategies.sync import HookedWriter, SyncCheckpoint
+from resilience.strategies.sync import SyncCheckpoint
+
+if TYPE_CHECKING:
+    from resilience.ckpt.dcp_files import HookedWriter
 
 WHEN_BUSY = ("wait", "skip")
 
@@ -38,8 +40,10 @@ def hooked_writer(rt: RankRuntime, path, step: int) -> HookedWriter:
     """DCP writer that fires ``during_checkpoint`` once this rank's shard is on disk (and honours a disk fault).
     It records ``ckpt_written`` then: what is left of this rank's part is handing its write results to rank 0, which
     commits alone, so a failure of this rank from then on no longer loses the checkpoint (bench.trace's lag)."""
-    return HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs, on_written=lambda: rt.events.emit("ckpt_written",
-                                                                                                 step=step))
+    from resilience.ckpt import dcp_files  # on a rank only (dcp_files: why)
+
+    return dcp_files.HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs,
+                                  on_written=lambda: rt.events.emit("ckpt_written", step=step))
 
 
 def commit_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, keep: int) -> None:
@@ -58,7 +62,9 @@ def write_checkpoint(rt: RankRuntime, dirs: CheckpointDir, step: int, state_dict
     if rt.rank == 0:
         dirs.prepare(step)
     dist.barrier(group=group)  # nobody writes into the directory before rank 0 has emptied it
-    dcp.save(state_dict, storage_writer=hooked_writer(rt, dirs.path_for(step), step), process_group=group)
+    from resilience.ckpt import dcp_files
+
+    dcp_files.save(state_dict, hooked_writer(rt, dirs.path_for(step), step), group)
     commit_checkpoint(rt, dirs, step, keep)
 
 

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from resilience.settings.checks import require_choice
-from resilience.ckpt.checksum import ChecksumFileSystem
+from resilience.ckpt.dcp_files import ChecksumFileSystem
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint, hooked_writer

@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from resilience.caps import StrategyCaps
-from resilience.ckpt.checksum import ChecksumFileSystem
 from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
 from resilience.ckpt.digest import for_record
 from resilience.ckpt.increments import (BASE, INCREMENT, LINK_META, Link, RowMarker, TensorWriter, chain_kept,
@@ -154,6 +153,8 @@ class IncrementalCheckpoint(CheckpointStrategy):
     def _write(self, path: Any, state: TrainState, base: bool, chain: list[Link]) -> int:
         """This rank's files of the link (rank 0's ``.metadata`` too), each fsynced and summed as written; return
         the rows it wrote."""
+        from resilience.ckpt.dcp_files import ChecksumFileSystem  # on a rank only (dcp_files: why)
+
         rt = self.rt
         fs = ChecksumFileSystem(rt.ckpt_fs)  # over a disk fault's I/O layer, if any
         dense, own, row_tensors = split_state(state)

@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from resilience.caps import StrategyCaps
 from resilience.ckpt import node_memory, shm_store
-from resilience.ckpt.checksum import SIDECAR_PREFIX, ChecksumFileSystem
+from resilience.ckpt.checksum import SIDECAR_PREFIX
 from resilience.ckpt.codec import restore, snapshot_state, tensor_leaves
 from resilience.ckpt.commit import COMMIT_MARKER, CheckpointDir, CheckpointEntry
 from resilience.ckpt.digest import for_record
@@ -230,6 +230,8 @@ class JitCheckpoint(CheckpointStrategy):
         staging.mkdir(parents=True)
         try:
             tmp = staging / final.name
+            from resilience.ckpt.dcp_files import ChecksumFileSystem  # on a rank only (dcp_files: why)
+
             fs = ChecksumFileSystem(rt.ckpt_fs)
             with fs.create_stream(tmp, "wb") as stream:
                 nbytes = write_shard(stream, self._replica_state(state))

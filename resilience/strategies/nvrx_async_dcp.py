@@ -40,7 +40,7 @@ from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint
 from resilience.strategies.nvrx_async import WORKER_OUTLIVES_NOTICE, NvrxAsyncCheckpoint
 from resilience.libs.peer import Patch, PeerStrategy
-from resilience.strategies.sync import WRITE_THREADS
+from resilience.ckpt.dcp_files import WRITE_THREADS
 
 
 def _module(name: str):

@@ -6,55 +6,27 @@ share of the (deduplicated) state, rank 0 writes DCP's metadata, then rank 0 com
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 
 from resilience.caps import StrategyCaps
 from resilience.runtime.rank import PhaseHook, RankRuntime
 from resilience.state.parts import require_parts
 from resilience.state.train import TrainState
 from resilience.strategies.base import CheckpointStrategy
-from resilience.ckpt.checksum import ChecksumFileSystem
 from resilience.ckpt.commit import CheckpointDir, CheckpointEntry
 from resilience.ckpt.digest import for_record
 from resilience.ckpt.snapshot import flat_tensors, is_sharded
-from resilience.ckpt.verified import CorruptFile, MemoryFiles, read_verified
+from resilience.ckpt.verified import CorruptFile, read_verified
 
 
 DATA_SUFFIX = ".distcp"  # DCP's data files; the others (its .metadata) are small and every rank reads them
-WRITE_THREADS = 2  # files per rank, written at once: this host's disk took 2-3x more with 2-4 streams than with 1
 
 
 def is_sharded_state(sd: dict) -> bool:
     """Whether a state dict holds ``DTensor`` shards (``parallel=fsdp|hsdp``)."""
     return any(is_sharded(t) for t, _ in flat_tensors(sd).values())
-
-
-class HookedWriter(FileSystemWriter):
-    """DCP's file writer, calling the ``during_checkpoint`` phase hook once this rank's shard is written.
-
-    At that point the shard is on disk but the checkpoint is not committed and peers may still be writing:
-    the moment a crash in the middle of a save is most likely to leave a half-written checkpoint behind.
-    Each rank writes its share as ``threads`` files in parallel (DCP's ``thread_count``, size-balanced).
-    """
-
-    def __init__(self, path, hook: PhaseHook, step: int, fs: Any = None, threads: int = WRITE_THREADS,
-                 on_written: Callable[[], None] | None = None) -> None:
-        super().__init__(path, sync_files=True, thread_count=threads)
-        self._hook, self._step, self._on_written = hook, step, on_written
-        self.fs = ChecksumFileSystem(fs)  # over a disk fault's I/O layer, if any
-
-    def write_data(self, plan, planner):
-        future = super().write_data(plan, planner)
-        future.wait()
-        self.fs.write_sidecar(self.path, dist.get_rank() if dist.is_initialized() else 0)
-        if self._on_written is not None:
-            self._on_written()
-        self._hook("during_checkpoint", self._step)
-        return future
 
 
 class SyncCheckpoint(CheckpointStrategy):
@@ -82,9 +54,11 @@ class SyncCheckpoint(CheckpointStrategy):
             path = self.dirs.prepare(step)
         dist.barrier()  # nobody writes into the directory before rank 0 has emptied it
         path = self.dirs.path_for(step)
+        from resilience.ckpt import dcp_files  # on a rank only: the supervisor builds this class without DCP
+
         try:
-            dcp.save(state.state_dict(self.parts), storage_writer=HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs))
-        except (OSError, CheckpointException) as exc:
+            dcp_files.save(state.state_dict(self.parts), dcp_files.HookedWriter(path, rt.fault_hook, step, rt.ckpt_fs))
+        except dcp_files.SAVE_ERRORS as exc:
             # DCP gathers every rank's write result, so all ranks see a disk failure and none commits: the
             # checkpoint is lost, not corrupt, and training goes on. (A peer's death is not caught here: the
             # collective error propagates and the rank fails, as it must.)
@@ -111,13 +85,13 @@ class SyncCheckpoint(CheckpointStrategy):
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
         """The newest checkpoint whose every file that a rank reads passes its checksum on that rank, read once
         (``verified``)."""
+        from resilience.ckpt import dcp_files
+
         while (entry := self.agreed_entry(checksums=False)) is not None:
             sd = state.state_dict(self.parts)
             buffers = self._read_verified(entry, sd)
             if buffers is not None:
-                reader = FileSystemReader(entry.path)
-                reader.fs = MemoryFiles(entry.path, buffers)
-                dcp.load(sd, storage_reader=reader)
+                dcp_files.load(sd, entry.path, buffers)
                 state.load_state_dict(sd)
                 return entry.step, "disk", self.dirs.size(entry)
         return None
@@ -129,8 +103,8 @@ class SyncCheckpoint(CheckpointStrategy):
 
         Replicas (DDP) read every file. A sharded rank (FSDP), or a pipeline's stage, reads only the files holding
         pieces of its shards or its stage: DCP's metadata first, then the files its load plan names
-        (``_planned_files``); DCP cannot open any other file of ``MemoryFiles``, so a wrong plan fails loudly instead
-        of reading unverified bytes."""
+        (``dcp_files.planned_files``); DCP cannot open any other file of ``MemoryFiles``, so a wrong plan fails loudly
+        instead of reading unverified bytes."""
         record = self.dirs.manifest(entry) if self.rt.rank == 0 else None
         shared = [record]
         dist.broadcast_object_list(shared, src=0)  # what rank 0 checked is what every rank verifies
@@ -147,7 +121,10 @@ class SyncCheckpoint(CheckpointStrategy):
         try:
             verify(n for n in record["files"] if n not in data)
             partial = is_sharded_state(sd) or self.rt.layout is not None  # a shard, or a pipeline's stage
-            verify(self._planned_files(entry, buffers, sd) if data and partial else data)
+            if data and partial:
+                from resilience.ckpt.dcp_files import planned_files
+                data = planned_files(entry.path, buffers, sd)
+            verify(data)
         except (OSError, KeyError, ValueError) as exc:  # ValueError: a checksum algorithm this code does not know
             reason = str(exc) if isinstance(exc, CorruptFile) else f"{type(exc).__name__}: {exc}"[:300]
         reasons: list = [None] * self.rt.world_size
@@ -160,19 +137,6 @@ class SyncCheckpoint(CheckpointStrategy):
         if self.rt.rank == 0:
             self._reject(entry, "; ".join(bad))
         return None
-
-    @staticmethod
-    def _planned_files(entry: CheckpointEntry, buffers: dict[str, memoryview], sd: dict) -> set[str]:
-        """The data files that hold what loading ``sd`` asks for: the plan of DCP's default load planner (the one
-        ``dcp.load`` then makes), over the metadata already verified in ``buffers``."""
-        from torch.distributed.checkpoint import DefaultLoadPlanner
-
-        reader = FileSystemReader(entry.path)
-        reader.fs = MemoryFiles(entry.path, buffers)
-        metadata = reader.read_metadata()
-        planner = DefaultLoadPlanner()
-        planner.set_up_planner(sd, metadata)
-        return {metadata.storage_data[item.storage_index].relative_path for item in planner.create_local_plan().items}
 
     def choose(self, checksums: bool = True) -> CheckpointEntry | None:
         """The newest committed checkpoint within the rollback bound that passes ``CheckpointDir.check`` (this
