@@ -36,7 +36,7 @@ STUB_ENV = "RB_STUB_PID"  # in a preloaded rank: the process the launcher starte
 STUB = Path(__file__).with_name("zygote_stub.py")
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
 # What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
-PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.parallel", "torch.distributed.checkpoint",
+PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.parallel", "resilience.ckpt.dcp_files",
            "resilience.rank.main")
 
 
