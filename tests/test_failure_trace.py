@@ -131,6 +131,15 @@ def test_bad_trace_settings_are_refused_in_one_line(tmp_path, overrides, said):
     assert said in refusal(tmp_path, ("fault=trace", "steps=40", *overrides))
 
 
+def test_the_bench_takes_where_failures_strike_as_its_own_option_not_as_an_override(tmp_path, capsys):
+    # the prediction needs to know it: an override would reach the runs and leave the prediction at its default
+    assert bench.main(["--out", str(tmp_path), "fault.strike=boundary"]) == 2
+    assert "fault.strike: set it with --strike" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["--out", str(tmp_path), "--strike", "later"])
+    assert refused.value.code == 2
+
+
 @pytest.mark.timeout(300)
 def test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_state(tmp_path):
     training = ("workload=gpt_tiny", "world_size=2", "steps=30", "checkpoint.every=5", "seed=0",

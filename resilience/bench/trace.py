@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from injectors.trace import draw, strike_fraction
+from injectors.trace import STRIKES, draw, strike_fraction
 from resilience.bench import lineup
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
@@ -231,7 +231,7 @@ def run(run_dir: Path, overrides: list[str], reuse: bool) -> tuple[dict | None, 
 
 
 def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, overrides: list[str],
-              reuse: bool = False) -> list[dict]:
+              reuse: bool = False, strike: str = "anywhere") -> list[dict]:
     """Fit, trace, predict: one row per (prediction, measure)."""
     index = f"reference.index={(out / 'references').resolve()}"
     fitted, lags, strikes, offsets = {}, {fault: [] for fault in RECOVERABLE}, {d: [] for d in range(EVERY)}, []
@@ -252,7 +252,8 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
     trace_dir = out / strategy / "trace"
     result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
                                    f"fault.rank={FAULT_RANK}",
-                                   f"fault.mtbf_steps={mtbf}", f"fault.seed={seed}", "reference.check=run", index,
+                                   f"fault.mtbf_steps={mtbf}", f"fault.seed={seed}", f"fault.strike={strike}",
+                                   "reference.check=run", index,
                                    *overrides], reuse)
     if result is None or result["status"] != "ok":
         raise RuntimeError(f"{strategy} trace run: exit {code}, {result and result['status']}")
@@ -261,7 +262,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
     phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step they strike
     at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) for d, times in strikes.items()}
     # fault.strike=anywhere (the trace's default): each failure its seeded fraction of a step into its step
-    into = ({s: phase for s in plan} if "fault.strike=boundary" in overrides
+    into = ({s: phase for s in plan} if strike == "boundary"
             else {s: strike_fraction(seed, s) * costs.step_wall_s for s in plan})
     for how, predicted in predict(costs, lags, plan, at, into).items():
         for measure_name, value in predicted.items():
@@ -297,10 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=11, help="the trace's seed (the failures' steps and kinds)")
     ap.add_argument("--out", type=Path, default=Path("results/trace"))
     ap.add_argument("--reuse", action="store_true", help="score the finished runs under --out again, run no other")
+    ap.add_argument("--strike", choices=STRIKES, default="anywhere",
+                    help="where in its step a trace failure strikes (the trace runs' fault.strike)")
     ap.add_argument("overrides", nargs="*", help="settings for every run (Hydra overrides)")
     args = ap.parse_args(argv)
     if (error := lineup.unknown_strategies(args.strategies)):
         print(error, file=sys.stderr)
+        return 2
+    if any(o.startswith("fault.strike=") for o in args.overrides):
+        print("error: fault.strike: set it with --strike (the prediction needs to know it)", file=sys.stderr)
         return 2
     if args.steps < 2 * EVERY or args.mtbf_steps <= 0:
         print(f"error: --steps={args.steps} must be at least {2 * EVERY} and --mtbf-steps={args.mtbf_steps} above 0",
@@ -310,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     for strategy in args.strategies.split(","):
         print(f"[trace bench] {strategy}: fit runs, then the trace ({args.steps} steps, MTBF {args.mtbf_steps:g} "
               f"steps, seed {args.seed})", flush=True)
-        rows += technique(strategy, args.out, args.steps, args.mtbf_steps, args.seed, args.overrides, args.reuse)
+        rows += technique(strategy, args.out, args.steps, args.mtbf_steps, args.seed, args.overrides, args.reuse,
+                          args.strike)
     frame = pd.DataFrame(rows)
     atomic_write_bytes(args.out / "trace.csv", frame.to_csv(index=False).encode())
     write_table(args.out / "trace.md", table(frame), started)
