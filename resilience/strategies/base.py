@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pathlib import Path
 
@@ -18,6 +18,9 @@ from resilience.strategies.interval import Interval, interval_of
 from resilience.runtime.rank import AgentService, NodeMemory, RankRuntime
 from resilience.state.train import RestorePoint, TrainState
 from resilience.workloads.base import Workload
+
+if TYPE_CHECKING:
+    from resilience.ckpt.commit import CheckpointEntry
 
 
 class CheckpointStrategy(Named, ABC):
@@ -71,6 +74,14 @@ class CheckpointStrategy(Named, ABC):
         """Bind to the rank that hosts this strategy (called once per attempt, before ``load``)."""
         self.rt = rt
         self.interval.attach(rt)
+        self._rejected: set[int] = set()  # checkpoints passed over in this attempt (a load may try again)
+
+    def _reject(self, entry: CheckpointEntry, reason: str) -> None:
+        """Pass over ``entry`` for the rest of this attempt, recorded with why (and told to the rank's report)."""
+        self._rejected.add(entry.step)
+        self.rt.events.emit("ckpt_rejected", step=entry.step, path=str(entry.path), reason=reason, fsync=True)
+        if self.rt.ckpt_rejected is not None:
+            self.rt.ckpt_rejected(entry.step, entry.path, reason)
 
     def due(self, step: int, total_steps: int) -> bool:
         """A checkpoint is due after every ``every``-th step (or as ``checkpoint.every=auto`` chose); the final state

@@ -72,7 +72,6 @@ class IncrementalCheckpoint(CheckpointStrategy):
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
-        self._rejected: set[int] = set()  # links passed over in this attempt
         self._reported: set[int] = set()
 
     def close(self) -> None:
@@ -374,9 +373,3 @@ class IncrementalCheckpoint(CheckpointStrategy):
                 dst.copy_(values.reshape(dst.shape))
             else:
                 dst.index_copy_(0, idx.to(dst.device), values)
-
-    def _reject(self, entry: CheckpointEntry, reason: str) -> None:
-        self._rejected.add(entry.step)
-        self.rt.events.emit("ckpt_rejected", step=entry.step, path=str(entry.path), reason=reason, fsync=True)
-        if self.rt.ckpt_rejected is not None:
-            self.rt.ckpt_rejected(entry.step, entry.path, reason)

@@ -364,11 +364,6 @@ class JitCheckpoint(CheckpointStrategy):
         name = shard_name(*shard_of(state))
         return read_verified(self.rt.ckpt_fs, entry.path / name, record["files"][name], sums[name], digest)
 
-    def _reject(self, entry: CheckpointEntry, reason: str) -> None:
-        self.rt.events.emit("ckpt_rejected", step=entry.step, path=str(entry.path), reason=reason, fsync=True)
-        if self.rt.ckpt_rejected is not None:
-            self.rt.ckpt_rejected(entry.step, entry.path, reason)
-
     def _take_own_parts(self, state: TrainState, step: int) -> None:
         """This rank's RNG streams and data position at ``step``, from its node's memory (or the next node's copy);
         the ranks that found none are named once (``jit_parts_lost``) and start theirs over."""

@@ -45,7 +45,6 @@ class SyncCheckpoint(CheckpointStrategy):
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
-        self._rejected: set[int] = set()  # steps passed over in this attempt (a load may try again)
         self._reported: set[int] = set()
 
     def _save(self, step: int, state: TrainState) -> None:
@@ -156,9 +155,3 @@ class SyncCheckpoint(CheckpointStrategy):
                 return entry
             self._reject(entry, reason)
         return None
-
-    def _reject(self, entry: CheckpointEntry, reason: str) -> None:
-        self._rejected.add(entry.step)
-        self.rt.events.emit("ckpt_rejected", step=entry.step, path=str(entry.path), reason=reason, fsync=True)
-        if self.rt.ckpt_rejected is not None:
-            self.rt.ckpt_rejected(entry.step, entry.path, reason)
