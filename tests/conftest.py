@@ -52,6 +52,18 @@ def run_experiment(run_dir: Path, *overrides: str, timeout: float = 180) -> dict
     return json.loads((run_dir / "result.json").read_text())
 
 
+def of_kind(events: list[dict], kind: str, **match) -> list[dict]:
+    """The events of ``kind`` whose fields equal ``match``."""
+    return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def exact(result: dict) -> None:
+    """The run recovered and ended on the fault-free run's state, bit for bit."""
+    assert result["status"] == "ok" and result["recovered"], result.get("error")
+    assert result["reference"]["matches"] is True, result["reference"]
+    assert result["final_state_sha256"] == result["reference"]["sha256"]
+
+
 def left_nothing(run_dir: Path, shm_before: set[str]) -> None:
     """No process of the run in ``run_dir`` is alive, and /dev/shm holds nothing new since ``shm_before`` that no
     live process uses."""

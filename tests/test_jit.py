@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, refusal, run_experiment
+from conftest import ROOT, exact, of_kind, refusal, run_experiment
 from resilience.ckpt.codec import restore, snapshot_state, tensor_leaves
 from resilience.ckpt.jit_files import RankParts, read_shard, write_shard
 from resilience.ckpt.node_memory import NodeMemory, cleanup
@@ -39,16 +39,6 @@ SCENARIOS = [
     ("collective-timeout", ("fault=hang", "fault.rank=1", "fault.at_step=5", "timeouts.collective_s=3",
                             "detector=[process_exit,collective_timeout]"), "collective_timeout", {5}),
 ]
-
-
-def of_kind(events: list[dict], kind: str, **match) -> list[dict]:
-    return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
-
-
-def exact(result: dict) -> None:
-    assert result["status"] == "ok" and result["recovered"], result.get("error")
-    assert result["reference"]["matches"] is True, result["reference"]  # bit for bit, the fault-free run's state
-    assert result["final_state_sha256"] == result["reference"]["sha256"]
 
 
 @pytest.mark.timeout(300)

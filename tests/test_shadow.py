@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from conftest import refusal, run_experiment
+from conftest import exact, of_kind, refusal, run_experiment
 from resilience.ckpt import shadow_ring as sr, shm_store
 from resilience.ckpt.shadow_apply import init_state
 from resilience.ckpt.shm_store import run_id
@@ -36,16 +36,6 @@ SCENARIOS = [
     # the lost node's memory goes with it (node_memory): the parts kept with the shadow, on its own node, do not
     ("node-loss", ("fault=node_loss", "fault.rank=1", "fault.at_step=9"), 9, 0),
 ]
-
-
-def of_kind(events: list[dict], kind: str, **match) -> list[dict]:
-    return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
-
-
-def exact(result: dict) -> None:
-    assert result["status"] == "ok" and result["recovered"], result.get("error")
-    assert result["reference"]["matches"] is True, result["reference"]  # bit for bit, the fault-free run's state
-    assert result["final_state_sha256"] == result["reference"]["sha256"]
 
 
 def shadow_kept_up(ev: list[dict], steps: int) -> None:

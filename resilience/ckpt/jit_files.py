@@ -20,15 +20,14 @@ one before, each written whole and renamed into place (never torn), with a check
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-import xxhash
 
+from resilience.ckpt import sealed
 from resilience.ckpt.codec import StateCodec, TensorRef, layout
 from resilience.ckpt.node_memory import NodeMemory
 from resilience.ckpt.shm_store import ALIGN, area_path
@@ -38,7 +37,6 @@ SHARD_SUFFIX = ".jit"
 SHARD_MAGIC = b"RBJIT01\0"
 SHARD_HEAD = struct.Struct("<8sQQQQ")  # magic, meta offset, meta length, data offset, data length
 PARTS_MAGIC = b"RBPRT01\0"
-PARTS_HEAD = struct.Struct("<8sqqQQ")  # magic, step, attempt, payload length, xxh3_64 of the payload
 _ZEROS = bytes(ALIGN)
 
 
@@ -92,20 +90,6 @@ def read_shard(buf: memoryview, live: dict[str, torch.Tensor]) -> dict[str, Any]
     return StateCodec().decode(bytes(buf[meta_off:meta_off + meta_len]), read, live)
 
 
-def _write_whole(path: Path, data: bytes) -> None:
-    """``path`` holds all of ``data`` or what it held before: written beside it, renamed into place (tmpfs: no
-    fsync; the file outlives the process, not the machine, which is what it is for)."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 class RankParts:
     """One rank's own parts of the job's state at a step (``{name: part.state_dict()}``, pickled as they are: a
     fifth of ``torch.save``'s cost, which a per-step copy would pay), in its node's shared memory and in a copy on
@@ -125,11 +109,11 @@ class RankParts:
     def put(self, step: int, attempt: int, parts: dict[str, Any]) -> int:
         """Keep ``parts`` as the state at ``step``; return the bytes of one copy."""
         payload = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
-        blob = PARTS_HEAD.pack(PARTS_MAGIC, step, attempt, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
-        _write_whole(self._path(self.rank, step % 2), blob)
+        seal = sealed.head(PARTS_MAGIC, step, attempt, payload)
+        nbytes = sealed.write_whole(self._path(self.rank, step % 2), seal, payload)
         if self.peer is not None and not self.memory.lost(self.peer // self.rpn):  # a lost node holds nothing
-            _write_whole(self._path(self.peer, step % 2), blob)
-        return len(blob)
+            sealed.write_whole(self._path(self.peer, step % 2), seal, payload)
+        return nbytes
 
     def get(self, step: int) -> tuple[dict[str, Any], str] | None:
         """The parts at ``step`` and where they were (``memory``: own node, ``peer_memory``), or None."""
@@ -143,14 +127,7 @@ class RankParts:
 
 
 def _read_parts(path: Path, step: int) -> dict[str, Any] | None:
-    try:
-        blob = path.read_bytes()
-    except OSError:
-        return None
-    if len(blob) < PARTS_HEAD.size:
-        return None
-    magic, at, _, length, digest = PARTS_HEAD.unpack_from(blob, 0)
-    payload = blob[PARTS_HEAD.size:PARTS_HEAD.size + length]
-    if magic != PARTS_MAGIC or at != step or len(payload) != length or xxhash.xxh3_64_intdigest(payload) != digest:
-        return None  # another step's, or wiped (a node loss zeroes the file before it goes)
-    return pickle.loads(payload)
+    found = sealed.read(path, PARTS_MAGIC)
+    if found is None or found[0] != step:
+        return None  # none, another step's, or wiped (a node loss zeroes the file before it goes)
+    return pickle.loads(found[2])

@@ -43,9 +43,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import xxhash
 
-from resilience.ckpt import shm_store
+from resilience.ckpt import sealed, shm_store
 from resilience.proc import lifeline
 from resilience.ckpt.shm_store import ALIGN, PAGE, PREFIX
 
@@ -419,54 +418,21 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 PARTS_MAGIC = b"RBSPRT01"
 STATE_MAGIC = b"RBSSTA01"
-FILE_HEAD = struct.Struct("<8sqqQQ")  # magic, step, generation, payload length, xxh3_64 of the payload
-
-
-def _write_whole(path: Path, head: bytes, payload: bytes | memoryview) -> None:
-    """``path`` holds all of it or what it held before: written beside it, renamed into place (tmpfs: nothing to
-    fsync; it outlives the processes, not the machine)."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for data in (head, payload):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _read_whole(path: Path, magic: bytes) -> tuple[int, int, bytes] | None:
-    """(step, generation, payload) of a file written by ``_write_whole``, or None: none, or torn or damaged."""
-    try:
-        blob = path.read_bytes()
-    except OSError:
-        return None
-    if len(blob) < FILE_HEAD.size:
-        return None
-    got, step, gen, length, digest = FILE_HEAD.unpack_from(blob, 0)
-    payload = blob[FILE_HEAD.size:FILE_HEAD.size + length]
-    if got != magic or len(payload) != length or xxhash.xxh3_64_intdigest(payload) != digest:
-        return None
-    return step, gen, payload
 
 
 def put_parts(path: Path, step: int, gen: int, parts: dict[str, Any]) -> int:
     """Keep ``parts`` (plain state dicts, pickled as they are) of ``step`` at ``path``; the bytes written."""
     payload = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
-    _write_whole(path, FILE_HEAD.pack(PARTS_MAGIC, step, gen, len(payload), xxhash.xxh3_64_intdigest(payload)),
-                 payload)
-    return FILE_HEAD.size + len(payload)
+    return sealed.write_whole(path, sealed.head(PARTS_MAGIC, step, gen, payload), payload)
 
 
 def get_parts(path: Path, step: int) -> tuple[dict[str, Any], int] | None:
     """The parts of ``step`` kept at ``path``, and their size in bytes; None if that file holds no intact parts of
     that step."""
-    found = _read_whole(path, PARTS_MAGIC)
+    found = sealed.read(path, PARTS_MAGIC)
     if found is None or found[0] != step:
         return None
-    return pickle.loads(found[2]), FILE_HEAD.size + len(found[2])
+    return pickle.loads(found[2]), sealed.HEAD.size + len(found[2])
 
 
 def write_state(path: Path, step: int, gen: int, state: dict[str, Any]) -> int:
@@ -475,19 +441,18 @@ def write_state(path: Path, step: int, gen: int, state: dict[str, Any]) -> int:
     torch.save(state, buf)
     view = buf.getbuffer()
     try:
-        _write_whole(path, FILE_HEAD.pack(STATE_MAGIC, step, gen, len(view), xxhash.xxh3_64_intdigest(view)), view)
-        return FILE_HEAD.size + len(view)
+        return sealed.write_whole(path, sealed.head(STATE_MAGIC, step, gen, view), view)
     finally:
         del view
 
 
 def read_state(path: Path) -> tuple[int, dict[str, Any], int] | None:
     """(step, state, bytes) of a state file, or None: none there, or it fails its sum."""
-    found = _read_whole(path, STATE_MAGIC)
+    found = sealed.read(path, STATE_MAGIC)
     if found is None:
         return None
     step, _, payload = found
-    return step, torch.load(io.BytesIO(payload), weights_only=False), FILE_HEAD.size + len(payload)
+    return step, torch.load(io.BytesIO(payload), weights_only=False), sealed.HEAD.size + len(payload)
 
 
 def replica_digest(params: list[torch.Tensor], optim_state: dict[int, dict[str, Any]]) -> str:
