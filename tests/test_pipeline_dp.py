@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pipeline_ranks
 import pytest
 import torch.distributed as dist
 from conftest import checked, refusal, run_cli, run_experiment
+from sharded_ranks import spawn
 
 from resilience.record.events import read_events
 from resilience.runtime.pipeline import group_order, make_layout
@@ -57,6 +59,13 @@ def test_a_world_the_pipelines_do_not_fill_is_refused_in_one_line_with_exit_2(tm
         done.stderr, done.stderr
     line = refusal(tmp_path, ("parallel=pp_dp", "parallel.replicas=3", "world_size=4"))
     assert "set world_size=6 (parallel.stages=2 x parallel.replicas=3)" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stages_replicas_average_its_gradients_summed_in_rank_order(tmp_path):
+    """Three replicas: no backend's all-reduce order, the rank-order sum (``reduce.ordered_mean``), bit for bit."""
+    spawn(pipeline_ranks.ordered_mean_rank, 3, str(tmp_path))
 
 
 REFUSED = [
