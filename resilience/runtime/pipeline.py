@@ -76,8 +76,8 @@ def group_order(stages: int, replicas: int) -> list[tuple[int, ...]]:
 
 
 def replica_groups(stages: int, replicas: int, timeout: timedelta | None) -> list[dist.ProcessGroup]:
-    """Each stage's data-parallel group, in stage order. Formed apart from the pipelines so that a heal of one
-    replica can re-form them alone (the pipelines' groups and their schedules stay)."""
+    """Each stage's data-parallel group, in stage order. Formed apart from the pipelines so that they can be
+    re-formed alone (the replica heal of the design study, docs/pipeline_parallel.md, "Not yet")."""
     return [dist.new_group(list(stage_ranks(s, replicas)), timeout=timeout) for s in range(stages)]
 
 
