@@ -75,6 +75,7 @@ class ParallelCaps(Caps):
     shards_state: bool = False  # each rank holds only a shard of the training state
     replicas: int | None = None  # how many ranks hold each shard (None: not sharded, every rank holds all of it)
     stages: int = 1  # pipeline stages the model is cut into, one per rank (1: not pipelined)
+    pipelines: int = 1  # copies of the pipeline, data parallel across them: world_size = stages x pipelines
 
 
 @dataclass(frozen=True, kw_only=True)

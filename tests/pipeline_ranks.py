@@ -1,8 +1,10 @@
-"""Rank processes of tests/test_pipeline_parallel.py, spawned as gloo ranks (``sharded_ranks.spawn``): a small GPT
-cut into one stage per rank, trained a few steps under each schedule, saved with DCP and loaded into fresh stages."""
+"""Rank processes of tests/test_pipeline_parallel.py and test_pipeline_dp.py, spawned as gloo ranks
+(``sharded_ranks.spawn``): a small GPT cut into one stage per rank, trained a few steps under each schedule, saved with
+DCP and loaded into fresh stages; pp_dp's reduction over a stage's replicas."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -74,4 +76,23 @@ def round_trip_rank(rank: int, world: int, store: str, tmp: str) -> None:
     dist.all_gather_object(verdicts, outcome)
     assert all(v[True] for v in verdicts), verdicts
     assert not all(v[False] for v in verdicts), f"the nested optimizer state round-tripped too: {verdicts}"
+    dist.destroy_process_group()
+
+
+def ordered_mean_rank(rank: int, world: int, store: str, tmp: str) -> None:
+    """``reduce.ordered_mean`` (pp_dp's reduction of a stage's gradients over its replicas): every rank ends on
+    ``(x0 + x1 + ... + x(W-1)) / W`` summed in rank order, bit for bit, over a subgroup as over the world."""
+    from resilience.runtime.reduce import ordered_mean
+
+    _join(rank, world, store)
+    inputs = [torch.randn(1003, generator=torch.Generator().manual_seed(2000 + r)) for r in range(world)]
+    expected = inputs[0].clone()
+    for part in inputs[1:]:
+        expected += part
+    expected /= world
+    assert torch.equal(ordered_mean(inputs[rank].clone(), dist.group.WORLD), expected)
+    odd = dist.new_group([0, 2], timeout=timedelta(seconds=60))  # every rank forms it; ranks 0 and 2 use it
+    if rank in (0, 2):
+        pair = (inputs[0] + inputs[2]) / 2
+        assert torch.equal(ordered_mean(inputs[rank].clone(), odd), pair)
     dist.destroy_process_group()

@@ -24,6 +24,11 @@ LONG: dict[str, str] = {
         "CI keeps the kill's run compared with the fault-free one",
     "tests/test_pipeline_parallel.py::test_a_killed_stage_restarts_with_every_rank_and_ends_bit_exact"
     "[during_checkpoint]": "kill phase sweep",
+    # replicated pipelines: CI keeps the kill of one replica's rank, compared with the fault-free run
+    "tests/test_pipeline_dp.py::test_a_fault_free_replicated_pipeline_run_repeats_bit_for_bit":
+        "CI keeps the kill's run compared with the fault-free one",
+    "tests/test_pipeline_dp.py::test_a_stages_replicas_average_its_gradients_summed_in_rank_order":
+        "CI keeps the ordered reduction on 4 ranks (tests/test_reduce.py), whose sum it shares",
     # resharding 4 -> 2: CI keeps 2 -> 4 (tests/test_grow.py)
     "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
     # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded

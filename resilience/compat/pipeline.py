@@ -1,6 +1,7 @@
-"""The table's rows for pipeline parallelism (``parallel=pp``, docs/pipeline_parallel.md): what a pipeline of one
-stage per rank, checkpointed per stage and restarted whole, cannot do yet. ``resilience.compat`` appends them to the
-table after the general rows; each names the setting it refuses and what to use instead."""
+"""The table's rows for pipeline parallelism (``parallel=pp``, ``pp_dp``, docs/pipeline_parallel.md): what a
+pipeline of one stage per rank (or replicas of it), checkpointed per stage and restarted whole, cannot do yet.
+``resilience.compat`` appends them to the table after the general rows; each names the setting it refuses and what to
+use instead."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ def pipelined(c: Combination) -> bool:
     return c.parallel.stages > 1
 
 
+def stage_ranks(c: Combination) -> str:
+    """The settings that size the world of a pipeline: ``parallel.stages=2`` (x ``parallel.replicas=2``)."""
+    stages = c.said("parallel", "stages")
+    return stages if c.parallel.pipelines == 1 else f"{stages} x {c.said('parallel', 'pipelines')}"
+
+
 def from_a_replica(caps: StrategyCaps) -> bool:
     """Whether the strategy recovers a lost rank from another rank's copy of its state (none under a pipeline)."""
     return caps.recovers_in_place or caps.writes_at_failure
@@ -20,10 +27,10 @@ def from_a_replica(caps: StrategyCaps) -> bool:
 
 PIPELINE_RULES: list[Rule] = [
     Rule("one_stage_per_rank", ("parallel", "world_size"),
-         "A pipeline whose stages do not fill the world, one stage per rank.",
-         lambda c: pipelined(c) and c.world_size != c.parallel.stages,
+         "A pipeline whose stages (in each of its replicas, pp_dp) do not fill the world, one stage per rank.",
+         lambda c: pipelined(c) and c.world_size != c.parallel.stages * c.parallel.pipelines,
          lambda c: f"world_size={c.world_size}: {c.set('parallel')} holds one stage per rank; set "
-                   f"world_size={c.parallel.stages} ({c.said('parallel', 'stages')})"),
+                   f"world_size={c.parallel.stages * c.parallel.pipelines} ({stage_ranks(c)})"),
     Rule("stages_to_cut", ("parallel", "workload"),
          "A pipeline, with a workload whose model does not cut into stages.",
          lambda c: pipelined(c) and not c.workload.splits_into_stages,
@@ -37,10 +44,11 @@ PIPELINE_RULES: list[Rule] = [
                    f"{c.set('parallel')}; use {c.instead('strategy', lambda s: s.saves_stages)}"),
     Rule("stages_restart_together", ("parallel", "strategy"),
          "A pipeline, with a strategy that takes a lost rank's state from a live replica (in place, or written at the "
-         "failure): each stage is held once.",
+         "failure): pp holds each stage once, and pp_dp heals no stage from its replica yet.",
          lambda c: pipelined(c) and from_a_replica(c.strategy),
          lambda c: f"{c.set('strategy')}: takes a lost rank's state from a live replica, and {c.set('parallel')} "
-                   f"holds each stage once; use {c.instead('strategy', lambda s: not from_a_replica(s))}"),
+                   f"{'holds each stage once' if c.parallel.pipelines == 1 else 'heals no stage from its replica yet'}"
+                   f"; use {c.instead('strategy', lambda s: not from_a_replica(s))}"),
     Rule("stages_keep_their_world", ("parallel", "recovery"),
          "A pipeline, with a policy that changes the world size or restarts the training inside its processes.",
          lambda c: pipelined(c) and (c.recovery.resizes_world or c.recovery.restarts_in_process),

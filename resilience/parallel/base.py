@@ -3,13 +3,14 @@
 ``ddp`` replicates the whole model and state on every rank; ``fsdp`` shards parameters, gradients and optimizer
 state over all ranks (FSDP2, ``torch.distributed.fsdp.fully_shard`` over a 1-D ``DeviceMesh``); ``hsdp`` shards
 within groups and replicates across them (a 2-D mesh, ``replicate x shard``); ``pp`` cuts the model into pipeline
-stages, one per rank, and runs each step's micro-batches through torch's schedule. See docs/sharded.md and
-docs/pipeline_parallel.md.
+stages, one per rank, and runs each step's micro-batches through torch's schedule; ``pp_dp`` replicates that
+pipeline, data parallel across the copies. See docs/sharded.md and docs/pipeline_parallel.md.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,8 +43,9 @@ class Parallelism(Named, ABC):
     def check_workload(self, workload: Workload, world_size: int) -> None:
         """Before launch: a ``ValueError`` naming the setting where ``workload`` cannot be spread this way."""
 
-    def layout(self, rank: int, world_size: int) -> Layout | None:
-        """The pipeline stage ``rank`` holds, once the world's group is formed (None: not pipelined)."""
+    def layout(self, rank: int, world_size: int, timeout: timedelta | None = None) -> Layout | None:
+        """The pipeline stage ``rank`` holds, once the world's group is formed (None: not pipelined); the groups it
+        forms wait ``timeout`` for a peer (the collective timeout)."""
         return None
 
     def step_runner(self, rt: RankRuntime, state: TrainState, workload: Workload) -> StepRunner | None:

@@ -8,6 +8,7 @@ parameters are the unsplit model's bit for bit; its optimizer holds that stage's
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,8 +50,8 @@ class PipelineParallel(Parallelism):
         with torch.device("meta"):  # the cut itself says what it cannot do (too few layers), before launch
             workload.pipeline_stage(workload.build_model(), 0, self.stages)
 
-    def layout(self, rank: int, world_size: int) -> Layout:
-        return make_layout(rank, world_size, self.stages)
+    def layout(self, rank: int, world_size: int, timeout: timedelta | None = None) -> Layout:
+        return make_layout(rank, world_size, self.stages)  # one pipeline: the world's group, no group to form
 
     def wrapper(self, device: torch.device, world_size: int, injector: Injector, in_place: bool,
                 workload: Workload | None = None, layout: Layout | None = None) -> StageWrapper:

@@ -28,7 +28,7 @@ class PipelineRunner:
         # imported where a rank builds its stage: the command that only checks the settings does without it
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        self.layout, self.device, self.n = layout, device, microbatches
+        self.module, self.layout, self.device, self.n = module, layout, device, microbatches
         inputs, outputs = workload.stage_io(layout.stage, layout.stages, workload.batch_size // microbatches)
         # the shapes given up front (static): no inference pass on the first step of each attempt
         stage = PipelineStage(module, layout.stage, layout.stages, device, input_args=inputs, output_args=outputs,

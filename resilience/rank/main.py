@@ -131,7 +131,8 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         if prepared is None:  # a spare watches from the start
             die_with_parent(lambda: strategy.clean_up_run(run_dir))
         detectors = RankDetectors(roles.detectors, roles.policy)
-        layout = roles.parallel.layout(rank, world)  # a pipeline's stage (None: the rank holds the whole model)
+        # a pipeline's stage and its groups (None: the rank holds the whole model)
+        layout = roles.parallel.layout(rank, world, group.timeout)
         # Each service comes from the role that provides it; the runtime is frozen from here on.
         rt = RankRuntime(rank=rank, world_size=world, device=device, run_dir=run_dir,
                          ckpt_dir=Path(cfg.checkpoint.dir), events=events, identity=RunIdentity.of(cfg),

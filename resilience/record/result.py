@@ -42,13 +42,15 @@ def run_identity(run_dir: Path) -> dict[str, Any]:
 
 
 def parallel_identity(cfg: Any) -> dict[str, Any]:
-    """How the model was spread at launch: name, mesh shape (replicate x shard for hsdp) and the shards one replica
-    holds the state in (1 for ddp). After ``recovery=shrink`` the world is smaller; this is the launch setting."""
+    """How the model was spread at launch: name, mesh shape (replicate x shard for hsdp, replicas x stages for
+    pp_dp) and the shards one replica holds the state in (1 for ddp; a pipeline's stages). After ``recovery=shrink``
+    the world is smaller; this is the launch setting."""
     name = str(cfg.choices.get("parallel", "ddp"))
     world = int(cfg.world_size)
-    replicate = int(cfg.parallel.get("replicate", 1)) if name == "hsdp" else 1
+    replicate = {"hsdp": int(cfg.parallel.get("replicate", 1)),
+                 "pp_dp": int(cfg.parallel.get("replicas", 1))}.get(name, 1)
     shards = 1 if name == "ddp" else world // replicate
-    mesh = [replicate, shards] if name == "hsdp" else [world]
+    mesh = [replicate, shards] if name in ("hsdp", "pp_dp") else [world]
     return {"name": name, "mesh": mesh, "shards_per_replica": shards}
 
 

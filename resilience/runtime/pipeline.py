@@ -1,9 +1,9 @@
-"""What pipeline parallelism shares with the rest of a rank (``parallel=pp``, docs/pipeline_parallel.md).
+"""What pipeline parallelism shares with the rest of a rank (``parallel=pp``, ``pp_dp``; docs/pipeline_parallel.md).
 
-``Layout``: which stage of which pipeline a rank holds. ``global_norm``: the gradients' norm over every stage (a
-stage's own norm would clip or judge each stage by a different number). ``combined_sha256``: the final state hash
-over every stage, the same on every rank. ``StepRunner``: what runs a step's micro-batches in place of the loop's own
-forward and backward.
+``Layout``: which stage of which pipeline a rank holds, and its groups (``make_layout`` forms them). ``global_norm``:
+the gradients' norm over every stage (a stage's own norm would clip or judge each stage by a different number).
+``combined_sha256``: the final state hash over every stage, the same on every rank. ``StepRunner``: what runs a
+step's micro-batches in place of the loop's own forward and backward.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Protocol
 
 import torch
@@ -27,6 +28,8 @@ class Layout:
     replica: int = 0
     replicas: int = 1
     pp_group: dist.ProcessGroup | None = None  # the pipeline's group (None: the world's, one pipeline)
+    dp_ranks: tuple[int, ...] = ()  # the global ranks holding this rank's stage, in replica order (pp_dp)
+    dp_group: dist.ProcessGroup | None = None  # their group: the stage's gradients are averaged over it (pp_dp)
 
     @property
     def first(self) -> bool:
@@ -37,11 +40,50 @@ class Layout:
         return self.stage == self.stages - 1
 
 
-def make_layout(rank: int, world_size: int, stages: int) -> Layout:
-    """One pipeline over the world: rank ``r`` holds stage ``r`` (the world's group carries the activations)."""
-    if world_size != stages:  # the table refuses it before launch (resilience.compat.pipeline)
-        raise ValueError(f"world_size={world_size}: must be parallel.stages={stages} (one stage per rank)")
-    return Layout(stage=rank, stages=stages, pp_ranks=tuple(range(stages)))
+def make_layout(rank: int, world_size: int, stages: int, replicas: int = 1,
+                timeout: timedelta | None = None) -> Layout:
+    """Rank ``r`` holds stage ``r // replicas`` of pipeline ``r % replicas`` (stages outermost). One pipeline: the
+    world's group carries the activations. More (pp_dp): the groups are formed here, each with ``timeout`` (a new
+    gloo group otherwise waits 30 minutes on a dead peer), on every rank in ``group_order``'s order."""
+    if world_size != stages * replicas:  # the table refuses it before launch (resilience.compat.pipeline)
+        raise ValueError(f"world_size={world_size}: must be parallel.stages={stages} x {replicas} pipeline(s), "
+                         f"one stage per rank")
+    stage, replica = divmod(rank, replicas)
+    if replicas == 1:
+        return Layout(stage=rank, stages=stages, pp_ranks=tuple(range(stages)))
+    dp = replica_groups(stages, replicas, timeout)
+    pp = pipeline_groups(stages, replicas, timeout)
+    return Layout(stage=stage, stages=stages, pp_ranks=pipeline_ranks(replica, stages, replicas), replica=replica,
+                  replicas=replicas, pp_group=pp[replica], dp_ranks=stage_ranks(stage, replicas), dp_group=dp[stage])
+
+
+def stage_ranks(stage: int, replicas: int) -> tuple[int, ...]:
+    """The ranks holding ``stage``, one per pipeline, in replica order (the order their gradients are summed)."""
+    return tuple(stage * replicas + r for r in range(replicas))
+
+
+def pipeline_ranks(replica: int, stages: int, replicas: int) -> tuple[int, ...]:
+    """The ranks of pipeline ``replica``, in stage order (a group's ranks in that order: stage ``s`` is its rank
+    ``s``, as torch's schedule takes it)."""
+    return tuple(s * replicas + replica for s in range(stages))
+
+
+def group_order(stages: int, replicas: int) -> list[tuple[int, ...]]:
+    """Every group's ranks in the order every rank forms them (``new_group`` is collective over the world): each
+    stage's data-parallel group, then each pipeline."""
+    return [stage_ranks(s, replicas) for s in range(stages)] + \
+        [pipeline_ranks(r, stages, replicas) for r in range(replicas)]
+
+
+def replica_groups(stages: int, replicas: int, timeout: timedelta | None) -> list[dist.ProcessGroup]:
+    """Each stage's data-parallel group, in stage order. Formed apart from the pipelines so that they can be
+    re-formed alone (the replica heal of the design study, docs/pipeline_parallel.md, "Not yet")."""
+    return [dist.new_group(list(stage_ranks(s, replicas)), timeout=timeout) for s in range(stages)]
+
+
+def pipeline_groups(stages: int, replicas: int, timeout: timedelta | None) -> list[dist.ProcessGroup]:
+    """Each pipeline's group, in replica order."""
+    return [dist.new_group(list(pipeline_ranks(r, stages, replicas)), timeout=timeout) for r in range(replicas)]
 
 
 def global_norm(params: Iterable[torch.Tensor], layout: Layout) -> torch.Tensor:
@@ -55,11 +97,14 @@ def global_norm(params: Iterable[torch.Tensor], layout: Layout) -> torch.Tensor:
 
 
 def combined_sha256(local: str, layout: Layout) -> str:
-    """The SHA-256 over every rank's ``local`` state hash, keyed by (stage, replica): equal on every rank (so rank
-    0's stands for the run and replicas agree), a function of the states alone, not of who holds which."""
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (layout.stage, layout.replica, local))
-    return hashlib.sha256("".join(f"{s}/{r}:{h};" for s, r, h in sorted(everyone)).encode()).hexdigest()
+    """The SHA-256 over the ``local`` state hashes of this rank's pipeline, each stage's once, in stage order: a
+    function of the stages' states alone, so every rank of every pipeline ends on it when the replicas of each stage
+    agree (and ``replicas_agree`` says so), and a replica that drifted gives its pipeline another value."""
+    stages: list = [None] * layout.stages
+    dist.all_gather_object(stages, (layout.stage, local), group=layout.pp_group)
+    # written "stage/0:" as before pp_dp, which gathered every rank keyed by (stage, replica): the same value for
+    # parallel=pp, whose recorded hashes stay comparable
+    return hashlib.sha256("".join(f"{s}/0:{h};" for s, h in sorted(stages)).encode()).hexdigest()
 
 
 class StepRunner(Protocol):

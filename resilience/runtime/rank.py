@@ -133,7 +133,8 @@ class RankRuntime:
     # The workload's model factory (a strategy that rebuilds a sharded model over a re-formed group builds it on
     # the meta device and overwrites every byte).
     build_model: Callable[[], nn.Module] | None = None
-    # The pipeline stage this rank holds (``parallel=pp``); None: not pipelined, the rank runs the whole model.
+    # The pipeline stage this rank holds and its groups (``parallel=pp``, ``pp_dp``); None: not pipelined, the rank
+    # runs the whole model.
     layout: Layout | None = None
 
     @property

@@ -35,21 +35,10 @@ def ordered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
     """DDP comm hook: mean of the ranks' buckets, each element summed in rank order (reduce-scatter, all-gather)."""
     buf = bucket.buffer()
     group = process_group if process_group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
     n = buf.numel()
-    shard = -(-n // world)
-    flat = buf.reshape(-1)
-    padded = flat if shard * world == n else torch.cat([flat, flat.new_zeros(shard * world - n)])
-    parts = torch.empty_like(padded)
     # Blocking on purpose: the all-gather below must be issued from this thread, in the same order on every rank;
     # issuing it from the all-to-all's completion callback could interleave it with the next bucket's collectives.
-    # A failed all-to-all (a dead peer) raises here: never sum uninitialised buffers.
-    dist.all_to_all_single(parts, padded, group=group)
-    by_rank = parts.view(world, shard)
-    mine = by_rank[0].clone()
-    for part in by_rank[1:]:
-        mine += part
-    mine.div_(world)
+    mine, padded = _own_shard_mean(buf.reshape(-1), group)
     total = torch.empty_like(padded)
     work = all_gather_single(total, mine, group=group, async_op=True)
 
@@ -58,6 +47,31 @@ def ordered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
         return total[:n].view_as(buf)
 
     return work.get_future().then(finish)
+
+
+def ordered_mean(flat: torch.Tensor, group: Any) -> torch.Tensor:
+    """The mean of every rank's 1-D ``flat`` over ``group``, each element summed in rank order: ``ordered_sum_hook``
+    outside DDP (``parallel=pp_dp`` averages each stage's gradients over its replicas with it)."""
+    mine, padded = _own_shard_mean(flat, group)
+    total = torch.empty_like(padded)
+    all_gather_single(total, mine, group=group)
+    return total[:flat.numel()]
+
+
+def _own_shard_mean(flat: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's shard of the mean of ``flat`` over ``group`` (summed in rank order), and ``flat`` zero-padded to
+    a multiple of the group's size."""
+    world = dist.get_world_size(group)
+    n = flat.numel()
+    shard = -(-n // world)
+    padded = flat if shard * world == n else torch.cat([flat, flat.new_zeros(shard * world - n)])
+    parts = torch.empty_like(padded)
+    dist.all_to_all_single(parts, padded, group=group)  # a dead peer raises here: never sum uninitialised buffers
+    by_rank = parts.view(world, shard)
+    mine = by_rank[0].clone()
+    for part in by_rank[1:]:
+        mine += part
+    return mine.div_(world), padded
 
 
 def gathered_sum_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
