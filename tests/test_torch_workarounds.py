@@ -19,6 +19,7 @@ from resilience.record.metrics import _torch_workarounds
 ROOT = Path(__file__).resolve().parent.parent
 DECLARED = {"elastic_agent_hooks": "resilience.supervise.elastic", "cuda_sleep_kernel": "injectors.hang",
             "fsdp_custom_reduce_scatter": "resilience.parallel.ordered",
+            "pipeline_stage_local_warmup": "resilience.parallel.logged_stage",
             "forget_broken_groups": "resilience.ckpt.replica_shards",
             "dtensor_from_spec": "resilience.ckpt.snapshot",
             "dlrover_engine_internals": "resilience.strategies.dlrover_flash",

@@ -46,8 +46,8 @@ class PipelineDataParallel(PipelineParallel):
 class ReplicatedRunner(PipelineRunner):
     """The pipeline's step, then the stage's gradients and the step's loss averaged over the stage's replicas."""
 
-    def forward_backward(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        loss = super().forward_backward(batch)
+    def forward_backward(self, batch: tuple[torch.Tensor, ...], step: int | None = None) -> torch.Tensor:
+        loss = super().forward_backward(batch, step)
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]  # the same on every replica
         # One flat buffer, the loss last (one collective, not two): every element summed in replica order, then
         # divided (reduce.ordered_mean), so the replicas end on the same bits and a replay on the same again,

@@ -6,9 +6,14 @@ GPipe and 1F1B both run the forwards in micro-batch order and the backwards in m
 is ``g0 + g1 + ... + g(n-1)`` in that order, divided by ``n`` once at the end (``scale_grads``); activations and
 their gradients cross between stages as exact bytes. The step's loss is the mean of the micro-batches' losses,
 summed in order on the last stage and broadcast, so every stage reports the same loss.
+
+With a ``BoundaryLog`` the stage is a ``LoggingStage``: the same ops and bytes, and a copy of each send kept per step
+and micro-batch (``logged_stage.py``; docs/pipeline_parallel.md, "The boundary log and the replay").
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -17,6 +22,11 @@ from torch import nn
 from resilience.runtime.pipeline import Layout
 from resilience.workloads.base import Workload
 
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+
+    from resilience.parallel.boundary_log import BoundaryLog
+
 SCHEDULES = ("1f1b", "gpipe")  # parallel.schedule: torch's Schedule1F1B, ScheduleGPipe
 
 
@@ -24,31 +34,51 @@ class PipelineRunner:
     """Runs a step's micro-batches through this rank's stage; the gradients accumulate in the stage's parameters."""
 
     def __init__(self, module: nn.Module, layout: Layout, workload: Workload, device: torch.device,
-                 microbatches: int, schedule: str) -> None:
+                 microbatches: int, schedule: str, log: BoundaryLog | None = None) -> None:
         # imported where a rank builds its stage: the command that only checks the settings does without it
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-        self.module, self.layout, self.device, self.n = module, layout, device, microbatches
+        self.module, self.layout, self.device, self.n, self.log = module, layout, device, microbatches, log
         inputs, outputs = workload.stage_io(layout.stage, layout.stages, workload.batch_size // microbatches)
         # the shapes given up front (static): no inference pass on the first step of each attempt
-        stage = PipelineStage(module, layout.stage, layout.stages, device, input_args=inputs, output_args=outputs,
-                              group=layout.pp_group)
+        self.stage = self.make_stage(module, layout.stage, layout.stages, device, input_args=inputs,
+                                     output_args=outputs, group=layout.pp_group)
         # the loss on every stage, not the last alone: without one a stage runs no backward
         kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
-        self.schedule = kind(stage, n_microbatches=microbatches, loss_fn=workload.loss_fn, scale_grads=True)
+        self.schedule = kind(self.stage, n_microbatches=microbatches, loss_fn=workload.loss_fn, scale_grads=True)
 
-    def forward_backward(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def make_stage(self, *args: Any, **kwargs: Any) -> PipelineStage:
+        """torch's stage over the rank's module (``PipelineStage``'s arguments); a logging one with a log."""
+        if self.log is None:
+            from torch.distributed.pipelining import PipelineStage
+
+            return PipelineStage(*args, **kwargs)
+        from resilience.parallel.logged_stage import LoggingStage
+
+        return LoggingStage(*args, log=self.log, **kwargs)
+
+    def forward_backward(self, batch: tuple[torch.Tensor, ...], step: int | None = None) -> torch.Tensor:
+        """The step's mean loss (``StepRunner``); ``step`` keys the log's entries (required with a log)."""
+        if self.log is not None:
+            if step is None:
+                raise ValueError("a logging pipeline runner needs the step to key its log by")
+            self.log.begin(step)
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        for part in self.run_schedule(batch):  # in micro-batch order: the same sum on every replay
+            loss += part.detach()
+        loss /= self.n
+        dist.broadcast(loss, src=self.layout.pp_ranks[-1], group=self.layout.pp_group)
+        return loss
+
+    def run_schedule(self, batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """The schedule's step on this stage: the first stage takes the inputs, the last the targets; the last
+        stage's per-micro-batch losses (empty on the others)."""
         x, y = batch
-        layout, losses = self.layout, []
-        if layout.first:
+        losses: list[torch.Tensor] = []
+        if self.layout.first:
             self.schedule.step(x)
-        elif layout.last:
+        elif self.layout.last:
             self.schedule.step(target=y, losses=losses, return_outputs=False)
         else:
             self.schedule.step()
-        loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        for part in losses:  # in micro-batch order: the same sum on every replay
-            loss += part.detach()
-        loss /= self.n
-        dist.broadcast(loss, src=layout.pp_ranks[-1], group=layout.pp_group)
-        return loss
+        return losses
