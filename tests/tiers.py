@@ -29,6 +29,9 @@ LONG: dict[str, str] = {
         "CI keeps the kill's run compared with the fault-free one",
     "tests/test_pipeline_dp.py::test_a_stages_replicas_average_its_gradients_summed_in_rank_order":
         "CI keeps the ordered reduction on 4 ranks (tests/test_reduce.py), whose sum it shares",
+    # Swift's replay of one stage from its neighbour's log: CI keeps 1F1B trained and replayed, part of the log spilled
+    "tests/test_boundary_log.py::test_each_stage_replayed_alone_from_its_neighbours_log_ends_on_its_fault_free_state"
+    "[gpipe-trained-1f1b-replayed-on-disk]": "schedule and spill sweep",
     # resharding 4 -> 2: CI keeps 2 -> 4 (tests/test_grow.py)
     "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
     # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded
