@@ -88,13 +88,14 @@ def replay_rank(rank: int, world: int, store: str, tmp: str, train_schedule: str
     _join(rank, world, store)
     wl = GPTWorkload(0, **(sizes or SMALL))
     layout = make_layout(rank, world, world)
-    plain, _, _, _ = _train(wl, layout, train_schedule, None, K)
+    plain, _, _, plain_seconds = _train(wl, layout, train_schedule, None, K)
     log = BoundaryLog(sends_logged(rank, world), budget, Path(tmp) / f"spill{rank}")
     state, kept, losses, seconds = _train(wl, layout, train_schedule, log, K)
     ends: list = [None] * world
     dist.all_gather_object(ends, (_sha(plain), _sha(state)))
     assert all(a == b for a, b in ends), f"logging changed the training's bits: {ends}"
-    figures = {"bytes_by_step": log.bytes_by_step, "stats": log.stats(), "step_s": seconds}
+    figures = {"bytes_by_step": log.bytes_by_step, "stats": log.stats(), "step_s": seconds,
+               "plain_step_s": plain_seconds}
     for replayed in (1, 0):  # the last stage needs the first's activations; the first needs the last's gradients
         kind, other = (FORWARD, 0) if replayed == 1 else (BACKWARD, 1)
         if rank == replayed:
