@@ -115,6 +115,7 @@ class BoundaryLog:
         return self.put(Key(self.step, kind, micro), copies)
 
     def put(self, key: Key, tensors: tuple[torch.Tensor, ...]) -> int:
+        """Keep ``tensors`` (the log's own from here on) under ``key``, replacing an entry there; their bytes."""
         self.drop(key)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self._memory[key] = tensors
@@ -124,8 +125,8 @@ class BoundaryLog:
         return nbytes
 
     def get(self, step: int, kind: str, micro: int) -> tuple[torch.Tensor, ...]:
-        """The tensors of one logged send; ``KeyError`` if never logged (or discarded), ``DamagedLog`` if its spill
-        file no longer holds them."""
+        """The tensors of one logged send (the log's own: read, not written); ``KeyError`` if never logged (or
+        discarded), ``DamagedLog`` if its spill file no longer holds them."""
         key = Key(step, kind, micro)
         if key in self._memory:
             return self._memory[key]
@@ -150,6 +151,7 @@ class BoundaryLog:
         return len(old)
 
     def drop(self, key: Key) -> None:
+        """Forget one entry, in memory or on disk (its bytes stay counted in ``bytes_by_step``: they were logged)."""
         if key in self._memory:
             tensors = self._memory.pop(key)
             self.held_bytes -= sum(t.numel() * t.element_size() for t in tensors)
