@@ -59,7 +59,7 @@ def build(workload: Workload, device: torch.device,
             bare.to_empty(device=device)  # the same Parameter objects: the optimizer's references hold
         _to_empty(optimizer, device)
         model = wrap(bare)
-    if {id(p) for p in model.parameters()} != {id(p) for p in bare.parameters()}:
+    if {id(p) for g in optimizer.param_groups for p in g["params"]} != {id(p) for p in model.parameters()}:
         with _unfilled():  # the wrapper made parameters of its own (HSDP's DTensors, a pipeline's stage)
             optimizer = workload.build_optimizer(model)
     return model, optimizer
