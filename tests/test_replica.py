@@ -135,6 +135,9 @@ def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, descripti
     # a cold replacement starts while the incident settles (before the event); a warm spare is not started
     assert (restarts[0]["spawned_s_before"] > 0) == ("supervisor.spares=1" not in overrides)
     assert len([e for e in events if e["kind"] == "fault_detected"]) == 1  # a heartbeat kill is no second fault
+    # the replacement's state was built without values (a spare's before it had a rank, initialised), then healed
+    heals = [e for e in events if e["kind"] == "replica_heal"]
+    assert [e["uninitialised"] for e in heals] == ["supervisor.spares=1" not in overrides]
     rejoined = [e for e in events if e["kind"] == "rejoined"]
     assert [e["rank"] for e in rejoined] == [1 - failed] and rejoined[0]["generation"] == 1
     # torchft's measures, under the same names (issue 14): the survivors waited, so no step ran at reduced width.
@@ -146,6 +149,18 @@ def test_survivors_keep_running_and_end_bit_exact(tmp_path, reference, descripti
     parts = replacement_parts(events)
     assert parts["join_s"] > 0 and parts["process_s"] > 0
     assert sum(parts.values()) == pytest.approx(result["replacement_start_s"], abs=0.03)
+
+
+@pytest.mark.timeout(300)
+def test_a_dlrm_replacement_built_uninitialised_ends_bit_exact(tmp_path):
+    """Adagrad's sums (made when the optimizer is built) and the model's index pairs (a plain attribute, which no
+    heal carries) through the replacement's uninitialised build and its heal."""
+    small = ("workload=dlrm_emb", "workload.rows=3000", "workload.tables=3")
+    reference = run_experiment(tmp_path / "reference", *COMMON, *small, "fault=none")
+    result = run_experiment(tmp_path / "run", *COMMON, *small, "fault=kill", "fault.rank=1", "fault.at_step=13")
+    assert result["status"] == "ok" and result["recovered"] and result["survivors_restarted"] is False
+    assert result["final_state_sha256"] == reference["final_state_sha256"]
+    assert [e["uninitialised"] for e in read_events(tmp_path / "run") if e["kind"] == "replica_heal"] == [True]
 
 
 CONTINUE = [

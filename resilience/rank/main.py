@@ -33,6 +33,7 @@ from resilience.config import on_this_node
 from resilience.roles import build_roles
 from resilience.runtime.rank import RankRuntime
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
+from resilience.state import uninitialised
 from resilience.state.train import TrainState
 from resilience.runtime.step import OwnsStep
 from resilience.ckpt.replica_transfer import NothingToRecover
@@ -148,11 +149,15 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
             state = TrainState(ddp, prepared.optimizer)
-        else:
-            wl = roles.workload  # a replacement whose state the strategy overwrites skips the initialisation
-            empty = events.attempt > 0 and strategy.caps.overwrites_replacement_state
-            ddp = rt.wrap_model(wl.build_model_uninitialised(device) if empty else wl.build_model().to(device))
-            state = TrainState(ddp, roles.workload.build_optimizer(ddp), flat_optim=layout is not None)
+        else:  # a replacement whose state the strategy overwrites skips the initialisation
+            wl, flat = roles.workload, layout is not None
+            built = uninitialised.build(wl, device, rt.wrap_model) \
+                if uninitialised.wanted(events.attempt, strategy.caps) else None
+            if built is not None:
+                state = TrainState(*built, flat_optim=flat, uninitialised=True)
+            else:
+                ddp = rt.wrap_model(wl.build_model().to(device))
+                state = TrainState(ddp, wl.build_optimizer(ddp), flat_optim=flat)
         runner = roles.parallel.step_runner(rt, state, roles.workload)  # a pipeline's schedule runs the step
         injector.arm(state)
         detectors.attach(rt, state)

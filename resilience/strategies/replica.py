@@ -51,8 +51,9 @@ MODES = ("wait", "continue")
 
 
 class ReplicaRecovery(CheckpointStrategy):
-    # A replacement's model is built uninitialised (the rank's main): the heal overwrites every byte of it, at any
-    # position (``reconcile(..., empty=True)``), so the initialisation would be wasted work on its critical path.
+    # A replacement's model and optimizer are built uninitialised (``resilience.state.uninitialised``): the heal
+    # overwrites every byte of them, at any position (``reconcile(..., empty=True)``), so the initialisation would
+    # be wasted work on its critical path.
     # With while_replacing=continue the survivors train on in a group of their own.
     caps = StrategyCaps(saves=False, recovers_in_place=True, overwrites_replacement_state=True, shards_state=True,
                         when={"while_replacing=continue": {
@@ -83,10 +84,12 @@ class ReplicaRecovery(CheckpointStrategy):
             rt.events.emit("replica_mode", while_replacing=self.while_replacing)
             return None  # the first generation: every rank builds the same initial state from the seed
         # A replacement, in the group its survivors re-formed with it: take the state of a healthy replica.
-        t0 = time.monotonic()
+        t0, built_empty = time.monotonic(), state.uninitialised
         done = reconcile(state, None, rt.device, empty=True)
+        state.uninitialised = False  # every byte is the replica's now
         rt.events.emit("replica_heal", step=done.position, source=f"replica:{done.source}",
-                       transfer_s=done.transfer_s, bytes=done.nbytes, heal_s=time.monotonic() - t0)
+                       transfer_s=done.transfer_s, bytes=done.nbytes, heal_s=time.monotonic() - t0,
+                       uninitialised=built_empty)
         return done.position, f"replica:{done.source}", done.nbytes
 
     def recover(self, state: TrainState, position: int, error: BaseException) -> int:

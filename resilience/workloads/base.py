@@ -31,16 +31,9 @@ class Workload(ABC):
 
     @abstractmethod
     def build_model(self) -> nn.Module:
-        """A freshly initialised model; initialisation uses a private generator seeded from ``seed``."""
-
-    def build_model_uninitialised(self, device: torch.device) -> nn.Module:
-        """The model's structure with its storage on ``device`` left uninitialised (built on the meta device, then
-        ``to_empty``): for a rank whose every parameter is overwritten before it is read (a replica's replacement,
-        which receives the state). Skips the initialisation's random draws, which dominate building a large
-        embedding model."""
-        with torch.device("meta"):
-            model = self.build_model()
-        return model.to_empty(device=device)
+        """A freshly initialised model; initialisation uses a private generator seeded from ``seed``. A replacement
+        healed from a replica calls it under the meta device (``resilience.state.uninitialised``): a tensor that is
+        not state (not in ``state_dict``) is made with an explicit device, or the model is built initialised."""
 
     @abstractmethod
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:

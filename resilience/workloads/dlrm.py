@@ -46,7 +46,9 @@ class DLRM(nn.Module):
         self.emb = nn.ModuleList(nn.Embedding(rows, dim, sparse=True) for _ in range(tables))
         self.bottom = nn.Sequential(nn.Linear(dense_in, hidden), nn.ReLU(), nn.Linear(hidden, dim), nn.ReLU())
         features = tables + 1
-        self._pairs = torch.triu_indices(features, features, offset=1)
+        # a plain attribute, not state: a replica's heal does not carry it, so it is made on CPU (as an initialised
+        # build makes it) even where the model is built on the meta device (resilience.state.uninitialised)
+        self._pairs = torch.triu_indices(features, features, offset=1, device="cpu")
         self.top = nn.Sequential(nn.Linear(dim + features * (features - 1) // 2, hidden), nn.ReLU(),
                                  nn.Linear(hidden, 1))
 
