@@ -268,6 +268,9 @@ def test_replace_deadline_is_its_own_setting_or_a_multiple_of_the_measured_rank_
               {"kind": "run_start", "rank": 1, "t_mono": 190.0, "attempt": 1}]  # a replacement: not the start
     assert measured_rank_start_s(events) == 4.5
     assert measured_rank_start_s(events[1:]) is None  # no supervisor launch on record
+    # a first generation forked from the zygote skipped its imports, which a replacement (cold) pays: added
+    forked = [{**e, "preload_s": 1.25} if e["kind"] == "run_start" and e["attempt"] == 0 else e for e in events]
+    assert measured_rank_start_s(forked) == 5.75
     assert ReplicaRecovery(1, 1, replace_timeout_s=30).replace_deadline() == {"replace_timeout_s": 30.0,
                                                                               "replace_basis": "setting"}
     with pytest.raises(ValueError, match="strategy.replace_timeout_s=-1"):

@@ -27,12 +27,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from resilience.proc.orphans import killed_with_parent
 
 LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launched it (its stub's parent)
 STUB_ENV = "RB_STUB_PID"  # in a preloaded rank: the process the launcher started for it
+IMPORTS_ENV = "RB_PRELOAD_S"  # in a preloaded rank: the seconds its zygote took to import, which it did not pay
 STUB = Path(__file__).with_name("zygote_stub.py")
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
 # What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
@@ -56,6 +58,12 @@ def stub_pid() -> int | None:
 
 def preloaded() -> bool:
     return LAUNCHER_ENV in os.environ
+
+
+def preload_s() -> float | None:
+    """The imports a preloaded rank inherited (its zygote's seconds), None for a cold rank: what a cold start of
+    the same rank adds to its measured start."""
+    return float(os.environ[IMPORTS_ENV]) if IMPORTS_ENV in os.environ else None
 
 
 class Zygote:
@@ -109,8 +117,10 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
     listener.bind("\0" + name)
     listener.listen(ranks)
     print("listening", flush=True)  # connections wait in the backlog while the imports run
+    began = time.perf_counter()
     for module in modules:
         importlib.import_module(module)
+    imports_s = time.perf_counter() - began
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -128,7 +138,7 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
         if listener in readable:
             conn, _ = listener.accept()
             started += 1
-            pid = _fork_rank(conn, closing=[listener, supervisor, wake_r, wake_w])
+            pid = _fork_rank(conn, imports_s, closing=[listener, supervisor, wake_r, wake_w])
             if pid:
                 stubs[pid] = conn
         if started == ranks and listener.fileno() >= 0:
@@ -149,7 +159,7 @@ def _report_ends(stubs: dict[int, socket.socket]) -> None:
             conn.close()
 
 
-def _fork_rank(conn: socket.socket, closing: list) -> int:
+def _fork_rank(conn: socket.socket, imports_s: float, closing: list) -> int:
     """Fork a rank for the stub on ``conn``; 0 if the request was unreadable (the stub then starts it cold)."""
     data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
     if len(fds) != 3 or not data:
@@ -160,14 +170,14 @@ def _fork_rank(conn: socket.socket, closing: list) -> int:
     request = json.loads(data)
     pid = os.fork()
     if pid == 0:
-        _become_rank(request, fds, conn, closing)
+        _become_rank(request, fds, conn, closing, imports_s)
     for fd in fds:
         os.close(fd)
     conn.send(json.dumps({"pid": pid}).encode())
     return pid
 
 
-def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: list) -> None:
+def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: list, imports_s: float) -> None:
     """In the forked child: take the stub's place (stdio, environment, directory, session) and run the rank."""
     try:
         signal.set_wakeup_fd(-1)
@@ -183,6 +193,7 @@ def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: li
         os.environ.update(request["env"])
         os.environ[LAUNCHER_ENV] = str(request["launcher"])
         os.environ[STUB_ENV] = str(request["stub"])
+        os.environ[IMPORTS_ENV] = f"{imports_s:.3f}"
         from resilience.proc.lifeline import die_with
 
         die_with(request["stub"])  # the agent's SIGKILL reaches the stub: the rank goes with it

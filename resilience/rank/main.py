@@ -22,7 +22,7 @@ from resilience.runtime.rank import DRAIN_EXIT, NOTHING_TO_RECOVER_EXIT, NOTICE_
 from resilience.rank.detectors import RankDetectors, RecoveryRequested
 from resilience.rank.notice import NoticeHonoured
 from resilience.rank.handover import Drained
-from resilience.proc.zygote import preloaded
+from resilience.proc.zygote import preload_s, preloaded
 from resilience.record.events import EventLog, read_events
 from resilience.record.torch_workarounds import declare_acted
 from resilience.rank.group import RankGroup
@@ -127,7 +127,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         events.attempt = group.generation if group.in_place else agreed_attempt(attempt, device)
         # the start's parts: the process's age (its interpreter, imports, roles) and the group's forming in it
         events.emit("run_start", pid=os.getpid(), world_size=world, device=str(device), backend=cfg.backend,
-                    preloaded=preloaded(), age_s=round(time.time() - process_started_wall(), 3),
+                    preloaded=preloaded(), preload_s=preload_s(), age_s=round(time.time() - process_started_wall(), 3),
                     join_s=round(joined - joining, 4))
         if prepared is None:  # a spare watches from the start
             die_with_parent(lambda: strategy.clean_up_run(run_dir))

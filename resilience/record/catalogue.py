@@ -98,9 +98,10 @@ _SUPERVISOR: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "numbered on from `first_attempt`"),
 )
 _RANK: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("run_start", ("pid", "world_size", "device", "backend", "preloaded", "age_s", "join_s"),
+    ("run_start", ("pid", "world_size", "device", "backend", "preloaded", "preload_s", "age_s", "join_s"),
      "a rank process is set up and about to load (preloaded: forked from the zygote, resilience.proc.zygote; "
-     "age_s: since the process was created, join_s: of that, forming its process group)"),
+     "preload_s: the zygote's imports it did not pay, None when cold; age_s: since the process was created, "
+     "join_s: of that, forming its process group)"),
     ("step_end", ("loss", "duration_s"), "a training step is done; `duration_s` is its loop iteration"),
     ("resumed", ("fault_step",), "a restarted rank is back at the step where the fault hit (replay over)"),
     ("recovery_requested", ("reaction", "detector", "rollback_to"), "a detection asks the supervisor for a restart"),
