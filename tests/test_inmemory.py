@@ -4,6 +4,8 @@ no /dev/shm file left behind."""
 
 from __future__ import annotations
 
+import platform
+import resource
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from conftest import run_experiment
 from resilience.record.events import EventLog, read_events
 from resilience.runtime.rank import RankRuntime
 from resilience.state.train import TrainState, state_sha256
-from resilience.ckpt import node_memory, shm_store
+from resilience.ckpt import node_memory, prefault, shm_store
 from resilience.ckpt.digest import CURRENT
 from resilience.strategies.inmemory import InMemoryCheckpoint
 from resilience.ckpt.node_memory import NodeMemory
@@ -189,6 +191,18 @@ def test_save_load_round_trip_through_memory_then_disk_after_a_wipe(one_rank):
     again.close()
     for strategy in (saver, again):
         strategy.rt.events.close()
+
+
+def test_a_new_tensor_for_a_load_has_its_pages_faulted_in_already():
+    kernel = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
+    if prefault._MADVISE is None or kernel < (5, 14):
+        pytest.skip("no MADV_POPULATE_WRITE (Linux 5.14+): the read faults the pages in, as before")
+    t = prefault.new_tensor((1024, 2048), torch.float32)  # 8 MiB: 2048 pages
+    assert t.shape == (1024, 2048) and t.dtype == torch.float32 and t.is_contiguous()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t.fill_(1.0)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 64  # not one per page
+    assert float(t.sum()) == 1024 * 2048
 
 
 @pytest.mark.timeout(60)

@@ -19,6 +19,7 @@ import torch
 
 from resilience.state.train import TrainState, map_tensors
 from resilience.ckpt.digest import CURRENT
+from resilience.ckpt.prefault import new_tensor
 from resilience.ckpt.shm_store import ALIGN
 from resilience.ckpt.snapshot import is_sharded, local_part
 
@@ -114,12 +115,12 @@ class StateCodec:
     def decode(self, meta: bytes, read: Callable[[TensorRef, torch.Tensor], None],
                live: dict[str, torch.Tensor], make: Callable[[TensorRef], Any] | None = None) -> dict[str, Any]:
         live = dict(live)
-        make = make or (lambda ref: torch.empty(ref.shape, dtype=ref.dtype))
+        make = make or (lambda ref: new_tensor(ref.shape, ref.dtype))
 
         def walk(obj: Any) -> Any:
             if isinstance(obj, TensorRef):
                 dst = live.pop(obj.key, None)
-                if dst is None:  # torch.empty: the read fills it, nothing is initialised first
+                if dst is None:  # uninitialised (the read fills it), its pages faulted in at once (prefault)
                     dst = make(obj)
                 elif dst.dtype != obj.dtype or tuple(dst.shape) != obj.shape:
                     raise RuntimeError(f"in-memory snapshot does not match the training state at {obj.key}")
