@@ -37,9 +37,6 @@ from resilience.state import uninitialised
 from resilience.state.train import TrainState
 from resilience.runtime.step import OwnsStep
 from resilience.ckpt.replica_transfer import NothingToRecover
-# DCP's I/O (0.4-0.8 s of imports) before the first step, whatever the strategy: strategies import it where they
-# use it, so that the supervisor need not, and a rank started cold after a fault must not pay it in a save's stall
-import resilience.ckpt.dcp_files  # noqa: F401
 from resilience.rank.trainer import Trainer
 from resilience.data import fork_server
 from resilience.proc.started import process_started_wall

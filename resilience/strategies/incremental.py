@@ -71,6 +71,7 @@ class IncrementalCheckpoint(CheckpointStrategy):
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
+        import resilience.ckpt.dcp_files  # noqa: F401  (its imports now, not in the first save: sync's attach)
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
         self._reported: set[int] = set()
 

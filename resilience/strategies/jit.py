@@ -119,6 +119,7 @@ class JitCheckpoint(CheckpointStrategy):
 
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
+        import resilience.ckpt.dcp_files  # noqa: F401  (its imports now, not in the save at a failure: sync's attach)
         if rt.world_size % self.ranks_per_node:
             raise ValueError(f"strategy.ranks_per_node={self.ranks_per_node}: must divide world_size={rt.world_size}")
         self.dirs = CheckpointDir(rt.ckpt_dir, owner=rt.identity)
