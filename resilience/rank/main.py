@@ -157,6 +157,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         injector.arm(state)
         detectors.attach(rt, state)
         strategy.attach(rt)
+        strategy.attach_runner(runner)
         beater = Beater(run_dir, rank)
         try:
             Trainer(cfg, rt, roles.workload, state, strategy, detectors, beater, runner).run()

@@ -101,7 +101,7 @@ class Recipe:
         if self.reseed:  # anything stochastic replays identically after a restart
             torch.manual_seed(stream_seed(self.workload.seed, step, self.rt.rank, "rng"))
         if self.runner is not None:  # a pipeline's schedule cuts the batch into micro-batches (fp32: resilience.compat)
-            loss = self.runner.forward_backward(self._batch(step, 0, []))
+            loss = self.runner.forward_backward(self._batch(step, 0, []), step)  # the step keys a log
             on_forward()
             return loss, None
         total, ids = None, []

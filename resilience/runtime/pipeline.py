@@ -110,5 +110,6 @@ def combined_sha256(local: str, layout: Layout) -> str:
 class StepRunner(Protocol):
     """Runs one step's forward and backward over a pipeline (the gradients accumulate in the stage's parameters)."""
 
-    def forward_backward(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The step's mean loss over its micro-batches, the same on every stage of the pipeline."""
+    def forward_backward(self, batch: tuple[torch.Tensor, ...], step: int | None = None) -> torch.Tensor:
+        """The step's mean loss over its micro-batches, the same on every stage of the pipeline; ``step`` (the
+        loop's) keys what a logging runner keeps of the step's sends."""
