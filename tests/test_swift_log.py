@@ -41,6 +41,17 @@ def test_what_would_not_be_exact_is_refused_in_one_line(standings, why):
     assert "\n" not in str(info.value) and why in str(info.value) and str(info.value).startswith("swift_log: ")
 
 
+def test_the_supervisor_ends_the_run_with_the_refusal_a_rank_recorded(tmp_path):
+    from resilience.record.events import EventLog
+    from resilience.supervise.replacing import refusal as said
+
+    log = EventLog(tmp_path, 1, 1)
+    log.emit("rank_error", error="ReplayRefused: swift_log: stage 0's log begins at step 8, after the checkpoint")
+    log.close()
+    assert said(tmp_path, [1]) == "swift_log: stage 0's log begins at step 8, after the checkpoint"
+    assert said(tmp_path, [0]) is None  # another rank's, or another error: the supervisor's own line
+
+
 # --- the table ---------------------------------------------------------------------------------------------------
 
 PP = ("parallel=pp", "world_size=2", "workload=gpt_tiny", "strategy=swift_log")
