@@ -115,25 +115,36 @@ def replaced_alone(run, result: dict, reference: dict, rank: int, restarts: int 
     return [e for e in after if e["rank"] == rank]
 
 
-# The kill of the last stage between checkpoints (4 loaded, steps 4-6 replayed from stage 0's activations): CI.
+# The kill of the last stage between checkpoints (4 loaded, steps 4-6 replayed from stage 0's activations: CI), and
+# in its write of checkpoint 8 (uncommitted: the survivor kept its log from 4; 4-7 replayed).
+KILLS = [("before_forward", 7), ("during_checkpoint", 8)]
+
+
 @pytest.mark.timeout(600)
-def test_a_killed_stage_alone_restarts_and_replays_from_its_neighbours_log_bit_exact(tmp_path, pp_reference):
+@pytest.mark.parametrize("phase,at_step", KILLS, ids=[k[0] for k in KILLS])
+def test_a_killed_stage_alone_restarts_and_replays_from_its_neighbours_log_bit_exact(tmp_path, pp_reference, phase,
+                                                                                    at_step):
     result = run_experiment(tmp_path / "hit", *RUN, "checkpoint.every=4", "fault=kill", "fault.rank=1",
-                            "fault.at_step=7", timeout=400)
+                            f"fault.phase={phase}", f"fault.at_step={at_step}", timeout=400)
     mine = replaced_alone(tmp_path / "hit", result, pp_reference, rank=1)
     replayed = [e for e in mine if e["kind"] == "stage_replayed"]
-    assert [(e["from_step"], e["step"], e["steps"], e["sources"]) for e in replayed] == [(4, 7, 3, [0])]
+    assert [(e["from_step"], e["step"], e["steps"], e["sources"]) for e in replayed] == \
+        [(4, at_step, at_step - 4, [0])]
     assert result["lost_steps"] == 0 and result["recovery_source"] == "disk:4+log_replay"
 
 
-# The first stage, from the last stage's gradients (long tier: CI keeps the last stage's kill).
+# The first stage, from the last stage's gradients, every entry of the log spilled to disk and read back (long tier:
+# CI keeps the last stage's kill from memory).
 @pytest.mark.timeout(600)
 def test_the_first_stage_killed_replays_from_the_last_stages_gradients_bit_exact(tmp_path, pp_reference):
     result = run_experiment(tmp_path / "hit", *RUN, "checkpoint.every=4", "fault=kill", "fault.rank=0",
-                            "fault.at_step=6", timeout=400)
+                            "fault.at_step=6", "strategy.budget_bytes=0", timeout=400)
     mine = replaced_alone(tmp_path / "hit", result, pp_reference, rank=0)
     replayed = [e for e in mine if e["kind"] == "stage_replayed"]
     assert [(e["from_step"], e["step"], e["sources"]) for e in replayed] == [(4, 6, [1])]
+    spilled = [e for e in read_events(tmp_path / "hit") if e["kind"] == "log_discarded"]
+    assert spilled and all(e["held_bytes"] == 0 for e in spilled) and max(e["spilled_total"] for e in spilled) > 0
+    assert not (tmp_path / "hit" / "boundary_log").exists()  # the supervisor removed the spill files
 
 
 # Killed again in its replay (step 5 of 4-6): the survivor kept its log, the next replacement replays it all again.

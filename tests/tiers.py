@@ -34,6 +34,8 @@ LONG: dict[str, str] = {
     "[gpipe-trained-1f1b-replayed-on-disk]": "schedule and spill sweep",
     # strategy=swift_log: CI keeps the last stage killed, replaced alone and replayed bit exact; the first stage, a
     # kill in the replay and the loss of both stages are the same recovery's sweeps
+    "tests/test_swift_log.py::test_a_killed_stage_alone_restarts_and_replays_from_its_neighbours_log_bit_exact"
+    "[during_checkpoint]": "kill phase sweep",
     "tests/test_swift_log.py::test_the_first_stage_killed_replays_from_the_last_stages_gradients_bit_exact":
         "killed stage sweep",
     "tests/test_swift_log.py::test_a_kill_during_the_replay_replaces_the_stage_again_and_ends_bit_exact":

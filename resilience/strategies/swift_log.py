@@ -23,8 +23,10 @@ different steps, two neighbours lost while others live) is refused in one line (
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +42,9 @@ from resilience.state.train import TrainState
 from resilience.strategies.sync import SyncCheckpoint
 from resilience.workloads.base import stream_seed
 
+
+
+SPILL_DIR = "boundary_log"  # in the run directory: each rank's spilled log entries, one directory per process
 
 
 class ReplayRefused(NothingToRecover):
@@ -117,14 +122,18 @@ class SwiftLog(SyncCheckpoint):
         self._kept_from = 0  # this rank's log holds every step from here to its position
         self._replayed: Standing | None = None  # a replacement that replayed: where it stands now
 
+    @classmethod
+    def clean_up_run(cls, run_dir: Path) -> None:
+        """The spill files of every stage's log (``budget_bytes``), a killed rank's too: they serve this run only."""
+        shutil.rmtree(run_dir / SPILL_DIR, ignore_errors=True)
+
     def attach_runner(self, runner: StepRunner | None) -> None:
         from resilience.parallel.pp_runner import PipelineRunner
 
         if not isinstance(runner, PipelineRunner):  # the table refuses it before launch (a_stage_to_replay)
             raise ValueError("strategy=swift_log: logs a pipeline stage's sends; use parallel=pp")
         rt, layout = self.rt, runner.layout
-        spill = None if self.budget_bytes is None else \
-            rt.run_dir / "boundary_log" / f"rank{rt.rank}-attempt{rt.attempt}"
+        spill = None if self.budget_bytes is None else rt.run_dir / SPILL_DIR / f"rank{rt.rank}-attempt{rt.attempt}"
         self.log = BoundaryLog(sends_logged(layout.stage, layout.stages), self.budget_bytes, spill)
         self._runner = runner
         runner.log = self.log
