@@ -172,3 +172,14 @@ def test_the_loss_of_the_stage_holding_the_log_too_restarts_both_from_the_checkp
     loaded = {e["rank"]: e["step"] for e in events if e["kind"] == "ckpt_loaded"}
     assert loaded == {0: 4, 1: 4}, loaded
     assert not [e for e in events if e["kind"] == "stage_replayed"]
+
+
+# A warm spare takes the lost stage's rank: it built the whole model before it knew its stage, and keeps the stage's
+# part with an optimizer over it alone (the rank's main), then recovers as a cold replacement does.
+@pytest.mark.timeout(600)
+def test_a_warm_spare_takes_the_lost_stage_and_ends_bit_exact(tmp_path, pp_reference):
+    result = run_experiment(tmp_path / "hit", *RUN, "checkpoint.every=4", "fault=kill", "fault.rank=1",
+                            "fault.at_step=7", "supervisor.spares=1", timeout=400)
+    replaced_alone(tmp_path / "hit", result, pp_reference, rank=1)
+    restart = [e for e in read_events(tmp_path / "hit") if e["kind"] == "restart"]
+    assert [e["from_spares"] for e in restart] == [[1]]

@@ -147,7 +147,10 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
-            state = TrainState(ddp, prepared.optimizer)
+            # under a pipeline the wrap keeps the rank's stage alone: its optimizer is built over that stage (the
+            # spare's was over the whole model, a stage it did not know yet)
+            optimizer = prepared.optimizer if layout is None else roles.workload.build_optimizer(ddp)
+            state = TrainState(ddp, optimizer, flat_optim=layout is not None)
         else:
             wl = roles.workload  # a replacement whose state the strategy overwrites skips the initialisation
             empty = events.attempt > 0 and strategy.caps.overwrites_replacement_state
