@@ -6,9 +6,10 @@ replay, and the loss of the stage holding the log with it, recover too."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import checked, refusal, run_experiment
 
-from resilience.parallel.boundary_log import BACKWARD, FORWARD
+from resilience.parallel.boundary_log import BACKWARD, FORWARD, BoundaryLog
 from resilience.record.events import read_events
 from resilience.strategies.swift_log import Plan, ReplayRefused, Standing, plan
 
@@ -60,7 +61,7 @@ TABLE = [
     (("parallel=pp_dp", "world_size=4", "strategy=swift_log"), "parallel=pp_dp", "one pipeline of 2 stages"),
     (("parallel=pp", "parallel.stages=3", "world_size=3", "strategy=swift_log"), "parallel.stages=3",
      "one pipeline of 2 stages"),
-    ((*PP, "train.clip_norm=1.0"), "train.clip_norm=1.0", "train=replayable"),
+    ((*PP, "train.lr_schedule=warmup_cosine"), "train.lr_schedule=warmup_cosine", "train=replayable"),
     ((*PP, "train=real"), "train.rng=carried", "train=replayable"),
     ((*PP, "recovery=rollback"), "recovery=rollback", "strategy=sync"),
     ((*PP, "fault=job_kill"), "fault=job_kill", "strategy=sync"),
@@ -78,7 +79,17 @@ def test_where_swift_log_cannot_run_is_one_clear_line(tmp_path, overrides, setti
 
 def test_swift_log_under_a_pipeline_of_two_stages_passes(tmp_path):
     checked(tmp_path, (*PP, "checkpoint.every=4", "fault=kill", "fault.rank=1", "fault.at_step=[5,7]",
-                       "fault.phase=[during_replay,before_forward]"))
+                       "fault.phase=[during_replay,before_forward]", "train.clip_norm=0.5"))
+
+
+def test_the_log_keeps_every_stages_norm_per_step_until_a_checkpoint_replaces_them():
+    log = BoundaryLog(frozenset())
+    for step in range(3):
+        log.begin(step)
+        log.record_norms([torch.tensor(float(step)), torch.tensor(step + 0.5)], 0.5)
+    assert log.max_norm == 0.5 and torch.equal(log.norms[2], torch.tensor([2.0, 2.5]))
+    log.discard_before(2)
+    assert list(log.norms) == [2]
 
 
 # --- end to end: 2 stages, 12 steps, checkpoints at 4 and 8 -------------------------------------------------------
@@ -183,3 +194,15 @@ def test_a_warm_spare_takes_the_lost_stage_and_ends_bit_exact(tmp_path, pp_refer
     replaced_alone(tmp_path / "hit", result, pp_reference, rank=1)
     restart = [e for e in read_events(tmp_path / "hit") if e["kind"] == "restart"]
     assert [e["from_spares"] for e in restart] == [[1]]
+
+
+# train.clip_norm: the replayed stage clips by every stage's norm as its neighbour logged them (its own checked).
+@pytest.mark.timeout(600)
+def test_with_a_clip_the_replay_clips_by_the_logged_norms_of_every_stage_bit_exact(tmp_path, pp_reference):
+    clip = "train.clip_norm=0.1"
+    ref = run_experiment(tmp_path / "ref", *RUN[:3], *RUN[4:], "strategy=none", "fault=none", clip, timeout=300)
+    assert ref["final_state_sha256"] != pp_reference["final_state_sha256"]  # the clip changed the training
+    result = run_experiment(tmp_path / "hit", *RUN, "checkpoint.every=4", "fault=kill", "fault.rank=0",
+                            "fault.at_step=7", clip, timeout=400)
+    mine = replaced_alone(tmp_path / "hit", result, ref, rank=0)
+    assert [(e["from_step"], e["step"]) for e in mine if e["kind"] == "stage_replayed"] == [(4, 7)]

@@ -39,9 +39,7 @@ def unlogged(c: Combination) -> str | None:
     """The loop's setting whose state a stage's replay would not reproduce (None: the replayable loop's)."""
     if c.rng != "reseed":
         return f"train.rng={c.rng}"
-    if c.lr_schedule != "constant":
-        return f"train.lr_schedule={c.lr_schedule}"
-    return None if c.clip_norm is None else f"train.clip_norm={c.clip_norm}"
+    return None if c.lr_schedule == "constant" else f"train.lr_schedule={c.lr_schedule}"
 
 
 def within_the_job(c: Combination) -> str | None:
@@ -85,10 +83,10 @@ PIPELINE_RULES: list[Rule] = [
                    f"replays a lost stage of one pipeline of 2 stages from its neighbour's log "
                    f"(not yet on more stages, nor across replicas); use "
                    f"{c.instead('parallel', lambda p: p.stages == 2 and p.pipelines == 1)}"),
-    Rule("a_replay_on_the_replayable_loop", ("strategy", "train.rng", "train.lr_schedule", "train.clip_norm"),
+    Rule("a_replay_on_the_replayable_loop", ("strategy", "train.rng", "train.lr_schedule"),
          "A strategy that replays a lost stage's steps, with a loop whose state besides the model and optimizer it "
-         "would not reproduce (carried RNG streams, an LR schedule, a clip's global norm over every stage: not logged "
-         "yet).",
+         "would not reproduce (carried RNG streams, an LR schedule: not logged yet; a clip's norms over every stage "
+         "are).",
          lambda c: c.strategy.replays_stage and unlogged(c) is not None,
          lambda c: f"{unlogged(c)}: {c.set('strategy')} replays a stage's steps with the RNG re-seeded per step and "
                    f"the model and optimizer as the whole state (this setting's state is not logged yet); use "

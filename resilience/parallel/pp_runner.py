@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilience.runtime.pipeline import Layout
+from resilience.runtime.pipeline import Layout, stage_norms
 from resilience.workloads.base import Workload
 
 if TYPE_CHECKING:
@@ -76,6 +76,14 @@ class PipelineRunner:
         loss /= self.n
         dist.broadcast(loss, src=self.layout.pp_ranks[-1], group=self.layout.pp_group)
         return loss
+
+    def clip_(self, params: list[torch.Tensor], max_norm: float) -> None:
+        """Clip the stage's gradients to ``max_norm`` by the norm over every stage's (``train.clip_norm``); a logging
+        runner keeps every stage's norm with the step's sends: a stage replayed alone clips by them."""
+        norms = stage_norms(params, self.layout)
+        if self.log is not None:
+            self.log.record_norms(norms, max_norm)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.nn.utils.get_total_norm(norms))
 
     def run_schedule(self, batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """The schedule's step on this stage: the first stage takes the inputs, the last the targets; the last

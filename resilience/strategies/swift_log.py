@@ -12,7 +12,8 @@ alone (``StageReplay``: the same schedule, the receives filled from the logs), a
 survivors' step. The survivors load nothing and step back nothing.
 
 Bit-exact with the fault-free run: the replayed stage computes from the bytes that crossed, re-seeded per (seed,
-step, rank) as the replayable loop does, in the same micro-batch order (docs/pipeline_parallel.md).
+step, rank) as the replayable loop does, in the same micro-batch order, and with ``train.clip_norm`` clips by every
+stage's norm as logged, its own checked against the one it had (docs/pipeline_parallel.md).
 
 A failure during the recovery (the replacement dies in its replay, the survivor before it has sent its log) opens
 the next generation and the recovery starts again there: the checkpoint and the logs it replays from are not
@@ -43,7 +44,6 @@ from resilience.strategies.sync import SyncCheckpoint
 from resilience.workloads.base import stream_seed
 
 
-
 SPILL_DIR = "boundary_log"  # in the run directory: each rank's spilled log entries, one directory per process
 
 
@@ -64,7 +64,7 @@ class Standing:
 @dataclass(frozen=True)
 class Plan:
     """What the ranks do, the same on each: ``replays`` each replacement's first step to replay (to ``position``),
-    ``transfers`` the logs sent, ``(from, to, kind)``, in the order every rank takes them (no two wait on each other)."""
+    ``transfers`` the logs sent, ``(from, to, kind)``, in the order every rank takes them (none waits on another)."""
 
     position: int
     replays: dict[int, int]
@@ -98,7 +98,7 @@ def plan(standings: list[Standing]) -> Plan:
                 continue
             if n in lost:
                 raise ReplayRefused(f"swift_log: stages {min(r, n)} and {max(r, n)} were lost together while others "
-                                    f"live: the boundary between them is in neither's log (a group replay is not built)")
+                                    f"live: the boundary between them is in neither's log (no group replay yet)")
             if standings[n].logs_from > start:
                 raise ReplayRefused(f"swift_log: stage {n}'s log begins at step {standings[n].logs_from}, after the "
                                     f"checkpoint stage {r} loaded (step {start}): the steps between are in no log")
@@ -232,19 +232,12 @@ class SwiftLog(SyncCheckpoint):
     def _meet(self, state: TrainState, mine: Standing, t0: float) -> tuple[int, str, int]:
         """Collective, in the re-formed group: agree (``plan``), send and receive the logs, replay, wait for every
         replay to end. The position to go on from, where the state came from, the bytes of log received."""
-        from resilience.parallel.stage_replay import receive_entries, send_entries
-
         rt = self.rt
         gathered: list[Any] = [None] * rt.world_size
         dist.all_gather_object(gathered, asdict(mine))
         chosen = plan([Standing(**s) for s in gathered])
-        received, sent, source = BoundaryLog(KINDS), 0, "disk" if not mine.kept else "kept"
-        for src, dst, kind in chosen.transfers:
-            steps = range(chosen.replays[dst], chosen.position)
-            if rt.rank == src:
-                sent += send_entries(self.log, kind, steps, dst, None)
-            elif rt.rank == dst:
-                receive_entries(received, src, None)
+        source = "disk" if not mine.kept else "kept"
+        received, sent = self._exchange(chosen)
         got = sum(received.bytes_by_step.values())
         if not mine.kept:
             self._kept_from = chosen.replays.get(rt.rank, chosen.position)  # the log is rebuilt from there
@@ -267,6 +260,45 @@ class SwiftLog(SyncCheckpoint):
                   flush=True)
         return chosen.position, source, got
 
+    def _exchange(self, chosen: Plan) -> tuple[BoundaryLog, int]:
+        """The plan's transfers, each rank its part, in the plan's order: the log entries, then from the first
+        neighbour of each replacement the stages' gradient norms of those steps (``train.clip_norm``). What this
+        rank received, and the bytes of entries it sent."""
+        from resilience.parallel.stage_replay import receive_entries, receive_norms, send_entries, send_norms
+
+        rank, received, sent = self.rt.rank, BoundaryLog(KINDS), 0
+        for src, dst, kind in chosen.transfers:
+            steps = range(chosen.replays[dst], chosen.position)
+            if rank == src:
+                sent += send_entries(self.log, kind, steps, dst, None)
+            elif rank == dst:
+                receive_entries(received, src, None)
+        for dst, start in sorted(chosen.replays.items()):
+            src = next((s for s, d, _ in chosen.transfers if d == dst), None)
+            if rank == src:
+                send_norms(self.log, range(start, chosen.position), dst, None)
+            elif rank == dst and src is not None:
+                receive_norms(received, src, None)
+        return received, sent
+
+    def _clip_as_logged(self, state: TrainState, received: BoundaryLog, t: int) -> None:
+        """``train.clip_norm`` in a replay: the clip by every stage's norm at step ``t`` as the neighbour logged them,
+        this stage's own recomputed and checked against the one it had in training (a replay that is not exact
+        stops here)."""
+        stage = self._runner.layout.stage
+        if t not in received.norms:
+            raise ReplayRefused(f"swift_log: no stage norms logged for step {t}, which train.clip_norm clips by")
+        params = list(state.model.parameters())
+        grads = [p.grad for p in params if p.grad is not None]
+        own = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if not torch.equal(own.cpu(), received.norms[t][stage]):
+            raise ReplayRefused(f"swift_log: stage {stage}'s gradient norm replayed at step {t} is not the one it had "
+                                f"in training: the replay is not exact")
+        norms = [n.to(own.device) for n in received.norms[t].unbind()]
+        assert self.log is not None and received.max_norm is not None
+        self.log.record_norms(norms, received.max_norm)  # for a later replay of a neighbour
+        torch.nn.utils.clip_grads_with_norm_(params, received.max_norm, torch.nn.utils.get_total_norm(norms))
+
     def _replay(self, state: TrainState, received: BoundaryLog, steps: range) -> Any:
         """This stage's steps ``steps`` alone, fed from ``received``, as the replayable loop trains them."""
         from resilience.parallel.stage_replay import StageReplay
@@ -278,8 +310,10 @@ class SwiftLog(SyncCheckpoint):
             torch.manual_seed(stream_seed(r.workload.seed, t, rt.rank, "rng"))
             return r.workload.batch(t, r.layout.replica, r.device)
 
-        def commit(t: int) -> None:  # the plain step's (runtime.step.StepControl)
+        def commit(t: int) -> None:  # the recipe's clip, then the plain step's (runtime.step.StepControl)
             rt.fault_hook(REPLAY_PHASE, t)
+            if received.max_norm is not None:
+                self._clip_as_logged(state, received, t)
             state.optimizer.step()
             state.optimizer.zero_grad(set_to_none=True)
 
