@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
@@ -25,11 +26,14 @@ from resilience.caps import InjectorCaps, Named
 from resilience.settings.checks import require_int
 from injectors.plan import fault_plan
 from resilience.record.events import read_events
-from resilience.runtime.rank import CheckpointFileSystem, RankRuntime
+from resilience.runtime.rank import REPLAY_PHASE, CheckpointFileSystem, RankRuntime
 from resilience.state.train import TrainState
 from resilience.workloads.base import Workload
 
 PHASES = ("before_forward", "before_optimizer_step", "during_checkpoint")
+# REPLAY_PHASE is reached only by a strategy that replays a lost pipeline stage (swift_log): a fault there strikes the
+# recovery itself (fault.at_step=[5,7] fault.phase=[during_replay,before_forward]: the kill at 7 starts a replay of
+# the steps since the checkpoint, killed again at 5). Not among the training's phases.
 
 
 class Injector(Named, ABC):
@@ -60,6 +64,8 @@ class Injector(Named, ABC):
         self.at_step, self.phase = self.at_steps[0], self.phases[0]  # the first: what one-step faults read
         # A save is needed as soon as one of the faults strikes during one (resilience.compat reads it).
         self.caps = self.caps.under(phase="during_checkpoint" if "during_checkpoint" in self.phases else self.phase)
+        if REPLAY_PHASE in self.phases:  # (a list may strike in a save too: both hold)
+            self.caps = replace(self.caps, strikes_replay=True)
         self.plan: list[int] = list(self.at_steps)
         self.rt: RankRuntime | None = None
         self.fired: set[int] = set()
@@ -83,8 +89,8 @@ class Injector(Named, ABC):
     def _phases(self, phase: str | Sequence[str] | None) -> list[str]:
         """One phase per planned step: ``fault.phase`` for every one, or a list with one phase per listed step."""
         if not _is_list(phase):
-            if phase not in PHASES:
-                raise ValueError(f"fault.phase={phase}: must be one of {', '.join(PHASES)}")
+            if phase not in (*PHASES, REPLAY_PHASE):
+                raise ValueError(f"fault.phase={phase}: must be one of {', '.join((*PHASES, REPLAY_PHASE))}")
             return [phase] * len(self.at_steps)
         phases, shown = list(phase), f"fault.phase={_shown(phase)}"
         if not self.listed:
@@ -93,8 +99,8 @@ class Injector(Named, ABC):
         if len(phases) != len(self.at_steps):
             raise ValueError(f"{shown}: {len(phases)} phases for {len(self.at_steps)} steps in fault.at_step="
                              f"{_shown(self.at_steps)}; give one phase, or one per step")
-        if any(p not in PHASES for p in phases):
-            raise ValueError(f"{shown}: each must be one of {', '.join(PHASES)}")
+        if any(p not in (*PHASES, REPLAY_PHASE) for p in phases):
+            raise ValueError(f"{shown}: each must be one of {', '.join((*PHASES, REPLAY_PHASE))}")
         return phases
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:

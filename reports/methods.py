@@ -51,7 +51,9 @@ RESULT_METRICS: list[tuple[str, str]] = [
                                                          "peer memory, replica:<rank>), how many bytes it loaded, and "
                                                          "how long the strategy's load itself took."),
     ("survivors_restarted", "Whether the ranks that did not fail were restarted too (false only with "
-                            "strategy=replica, whose survivors re-form the group in place)."),
+                            "strategy=replica or swift_log, whose survivors re-form the group in place)."),
+    ("ranks_restarted", "The ranks started again in the recovery (every rank when all restart; the lost ones alone "
+                        "with strategy=replica or swift_log)."),
     ("recovery_breakdown_s.replay", "Checkpoint loaded to back at the fault's step: recomputing the lost steps."),
     ("mttr_s", "Time to repair: from the fault to training running again (state loaded), detection included, "
                "without the replay of lost work: detect + restart + load. recovery_time_s adds the replay."),

@@ -64,6 +64,9 @@ class StrategyCaps(Caps):
     saves_touched_rows: bool = False
     # it saves and loads each pipeline stage's state (``parallel=pp``; checked so far for sync alone)
     saves_stages: bool = False
+    # only a lost pipeline stage restarts: from its own checkpoint, replaying the steps since from its neighbours'
+    # logs of what they sent it (Swift's logging); the other stages keep their state (``parallel=pp``)
+    replays_stage: bool = False
     # why a restore from its checkpoints is not the saved state bit for bit, by design (quantized rows); None: it is.
     # Its loads then say so (``ckpt_loaded_inexact``), and a run that restored one is not held to the bit-exact check
     # against the fault-free run (``result.json``'s ``bit_exact``: "not by design: ..."); a run without a restore is.
@@ -86,6 +89,7 @@ class InjectorCaps(Caps):
     returns_after_s: float | None = None  # the lost node is back this long after the loss (None: never)
     ends_the_job: bool = False  # it kills our supervisor with every rank: the run goes on only with resume=
     hands_over: bool = False  # it announces a node's loss ahead: the ranks listen and move its ranks to spares
+    strikes_replay: bool = False  # it strikes during a lost stage's replay (fault.phase=during_replay)
 
 
 @dataclass(frozen=True, kw_only=True)

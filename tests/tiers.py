@@ -32,6 +32,19 @@ LONG: dict[str, str] = {
     # Swift's replay of one stage from its neighbour's log: CI keeps 1F1B trained and replayed, part of the log spilled
     "tests/test_boundary_log.py::test_each_stage_replayed_alone_from_its_neighbours_log_ends_on_its_fault_free_state"
     "[gpipe-trained-1f1b-replayed-on-disk]": "schedule and spill sweep",
+    # strategy=swift_log: CI keeps the last stage killed, replaced alone and replayed bit exact; the first stage, a
+    # kill in the replay and the loss of both stages are the same recovery's sweeps
+    "tests/test_swift_log.py::test_a_killed_stage_alone_restarts_and_replays_from_its_neighbours_log_bit_exact"
+    "[during_checkpoint]": "kill phase sweep",
+    "tests/test_swift_log.py::test_the_first_stage_killed_replays_from_the_last_stages_gradients_bit_exact":
+        "killed stage sweep",
+    "tests/test_swift_log.py::test_a_kill_during_the_replay_replaces_the_stage_again_and_ends_bit_exact":
+        "kill phase sweep",
+    "tests/test_swift_log.py::"
+    "test_the_loss_of_the_stage_holding_the_log_too_restarts_both_from_the_checkpoint_bit_exact": "fault sweep",
+    "tests/test_swift_log.py::test_a_warm_spare_takes_the_lost_stage_and_ends_bit_exact": "spare sweep",
+    "tests/test_swift_log.py::test_with_a_clip_the_replay_clips_by_the_logged_norms_of_every_stage_bit_exact":
+        "loop settings sweep",
     # resharding 4 -> 2: CI keeps 2 -> 4 (tests/test_grow.py)
     "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
     # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded

@@ -164,9 +164,10 @@ def save(state_dict: dict, writer: FileSystemWriter, group: dist.ProcessGroup | 
     dcp.save(state_dict, storage_writer=writer, process_group=group)
 
 
-def load(state_dict: dict, root: Path, buffers: dict[str, memoryview]) -> None:
-    """``state_dict`` loaded in place from the checkpoint at ``root`` whose files are already read and verified."""
-    dcp.load(state_dict, storage_reader=_reader(root, buffers))
+def load(state_dict: dict, root: Path, buffers: dict[str, memoryview], alone: bool = False) -> None:
+    """``state_dict`` loaded in place from the checkpoint at ``root`` whose files are already read and verified;
+    ``alone``: by this rank only, no collective (a pipeline's restarted stage, while the others keep theirs)."""
+    dcp.load(state_dict, storage_reader=_reader(root, buffers), no_dist=alone)
 
 
 def planned_files(root: Path, buffers: dict[str, memoryview], state_dict: dict) -> set[str]:

@@ -21,8 +21,34 @@ def stage_ranks(c: Combination) -> str:
 
 
 def from_a_replica(caps: StrategyCaps) -> bool:
-    """Whether the strategy recovers a lost rank from another rank's copy of its state (none under a pipeline)."""
-    return caps.recovers_in_place or caps.writes_at_failure
+    """Whether the strategy recovers a lost rank from another rank's copy of its state (none under a pipeline);
+    swift_log recovers in place from the stage's own checkpoint and its neighbours' logs, not from a copy."""
+    return (caps.recovers_in_place and not caps.replays_stage) or caps.writes_at_failure
+
+
+def one_pipeline_of_two(c: Combination) -> bool:
+    """Where swift_log replays a lost stage: one pipeline of 2 stages (its survivor agrees alone on the last step)."""
+    return one_pipeline(c) and c.parallel.stages == 2
+
+
+def one_pipeline(c: Combination) -> bool:
+    return pipelined(c) and c.parallel.pipelines == 1
+
+
+def unlogged(c: Combination) -> str | None:
+    """The loop's setting whose state a stage's replay would not reproduce (None: the replayable loop's)."""
+    if c.rng != "reseed":
+        return f"train.rng={c.rng}"
+    return None if c.lr_schedule == "constant" else f"train.lr_schedule={c.lr_schedule}"
+
+
+def within_the_job(c: Combination) -> str | None:
+    """The setting that needs a recovery beyond the live ranks' logs (None: none does)."""
+    if c.recovery.rolls_back:
+        return c.set("recovery")
+    if c.fault.ends_the_job:
+        return c.set("fault")
+    return None if c.resume is None else f"resume={c.resume}"
 
 
 PIPELINE_RULES: list[Rule] = [
@@ -49,6 +75,35 @@ PIPELINE_RULES: list[Rule] = [
          lambda c: f"{c.set('strategy')}: takes a lost rank's state from a live replica, and {c.set('parallel')} "
                    f"{'holds each stage once' if c.parallel.pipelines == 1 else 'heals no stage from its replica yet'}"
                    f"; use {c.instead('strategy', lambda s: not from_a_replica(s))}"),
+    Rule("a_stage_to_replay", ("parallel", "strategy"),
+         "A strategy that replays a lost pipeline stage from its neighbours' logs, without one pipeline of 2 stages "
+         "(more stages need the survivors' agreement and a group replay; replicas a heal from the stage's replica).",
+         lambda c: c.strategy.replays_stage and not one_pipeline_of_two(c),
+         lambda c: f"{c.said('parallel', 'stages') if one_pipeline(c) else c.set('parallel')}: {c.set('strategy')} "
+                   f"replays a lost stage of one pipeline of 2 stages from its neighbour's log "
+                   f"(not yet on more stages, nor across replicas); use "
+                   f"{c.instead('parallel', lambda p: p.stages == 2 and p.pipelines == 1)}"),
+    Rule("a_replay_on_the_replayable_loop", ("strategy", "train.rng", "train.lr_schedule"),
+         "A strategy that replays a lost stage's steps, with a loop whose state besides the model and optimizer it "
+         "would not reproduce (carried RNG streams, an LR schedule: not logged yet; a clip's norms over every stage "
+         "are).",
+         lambda c: c.strategy.replays_stage and unlogged(c) is not None,
+         lambda c: f"{unlogged(c)}: {c.set('strategy')} replays a stage's steps with the RNG re-seeded per step and "
+                   f"the model and optimizer as the whole state (this setting's state is not logged yet); use "
+                   f"train=replayable"),
+    Rule("a_replay_within_the_job", ("strategy", "recovery", "fault", "resume"),
+         "A strategy that replays a lost stage from its live neighbours' logs, with a policy that rolls back, a fault "
+         "that ends the whole job or a resume in a new job (the logs live in the ranks).",
+         lambda c: c.strategy.replays_stage and within_the_job(c) is not None,
+         lambda c: f"{within_the_job(c)}: {c.set('strategy')} replays "
+                   f"a lost stage from its live neighbours' logs, within the job, and rolls no stage back; use "
+                   f"{c.instead('strategy', lambda s: s.saves and s.saves_stages and not s.replays_stage)}"),
+    Rule("a_replay_to_strike", ("fault", "strategy"),
+         "A fault that strikes during a lost stage's replay, with a strategy that never replays one (it would never "
+         "fire).",
+         lambda c: c.fault.strikes_replay and not c.strategy.replays_stage,
+         lambda c: f"fault.phase=during_replay: strikes during a lost stage's replay, which {c.set('strategy')} never "
+                   f"runs; use {c.instead('strategy', lambda s: s.replays_stage)}"),
     Rule("stages_keep_their_world", ("parallel", "recovery"),
          "A pipeline, with a policy that changes the world size or restarts the training inside its processes.",
          lambda c: pipelined(c) and (c.recovery.resizes_world or c.recovery.restarts_in_process),

@@ -54,7 +54,7 @@ def hands_over(caps: StrategyCaps) -> bool:
     """Whether the strategy can give a leaving rank's place to a spare at a step boundary: ours that recover in
     place in the world's group (torchft's quorum, which owns the step, takes a rank in only as a failure; survivors
     training on in a group of their own would agree on the move in another group than the spare's)."""
-    return caps.recovers_in_place and not caps.owns_step and caps.keeps_world_group
+    return caps.recovers_in_place and not caps.owns_step and caps.keeps_world_group and not caps.replays_stage
 
 
 def saving(caps: StrategyCaps) -> bool:
@@ -102,7 +102,8 @@ RULES: list[Rule] = [
     Rule("in_place_or_in_process", ("strategy", "recovery"),
          "A strategy that recovers in place, with a policy that restarts the training in its process: both would "
          "re-form the group after a failure, each its own way.",
-         lambda c: c.strategy.recovers_in_place and c.recovery.restarts_in_process,
+         # (swift_log's: a pipeline's row, stages_keep_their_world, names the policies a pipeline keeps)
+         lambda c: c.strategy.recovers_in_place and not c.strategy.replays_stage and c.recovery.restarts_in_process,
          lambda c: f"{c.set('recovery')}: restarts every rank's training in its process; {c.set('strategy')} "
                    f"recovers in place itself; use recovery=restart"),
     Rule("written_before_the_interrupt", ("strategy", "recovery"),
@@ -114,7 +115,7 @@ RULES: list[Rule] = [
                    f"{c.instead('recovery', lambda p: not p.restarts_in_process)}"),
     Rule("nothing_to_roll_back_to", ("strategy", "recovery"),
          "A strategy that recovers in place (it keeps no checkpoint), with a policy that rolls back to one.",
-         lambda c: c.strategy.recovers_in_place and c.recovery.rolls_back,
+         lambda c: c.strategy.recovers_in_place and not c.strategy.saves and c.recovery.rolls_back,
          lambda c: f"{c.set('recovery')}: {c.set('strategy')} keeps no checkpoint to roll back to; use "
                    f"recovery=restart or recovery=fail"),
     Rule("in_place_needs_our_supervisor", ("strategy", "supervisor.launcher"),
@@ -129,7 +130,7 @@ RULES: list[Rule] = [
                    f"this launcher does not run; use supervisor.launcher=local"),
     Rule("nothing_outlives_the_job", ("fault", "strategy"),
          "A fault that ends the whole job, with a strategy whose state lives only in the ranks (nothing to resume).",
-         lambda c: c.fault.ends_the_job and c.strategy.recovers_in_place,
+         lambda c: c.fault.ends_the_job and c.strategy.recovers_in_place and not c.strategy.saves,
          lambda c: f"{c.set('fault')}: ends the whole job, and {c.set('strategy')} keeps the state only in the "
                    f"ranks' memory, which the job takes with it; use "
                    f"{c.instead('strategy', lambda s: not s.recovers_in_place)}"),
@@ -146,7 +147,7 @@ RULES: list[Rule] = [
                    f"notice; use {c.instead('strategy', lambda s: s.saves)}"),
     Rule("a_job_to_resume", ("strategy", "resume"),
          "A resume in a new job, with a strategy whose state lived only in the ranks of the job that died.",
-         lambda c: c.resume is not None and c.strategy.recovers_in_place,
+         lambda c: c.resume is not None and c.strategy.recovers_in_place and not c.strategy.saves,
          lambda c: f"resume={c.resume}: {c.set('strategy')} kept the state only in the ranks' memory, which died "
                    f"with the job; nothing to resume from"),
     Rule("a_shadow_dies_with_its_job", ("fault", "strategy"),

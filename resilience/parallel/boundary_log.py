@@ -99,6 +99,9 @@ class BoundaryLog:
         self.held_bytes = 0  # the tensors' bytes held in memory now
         self.bytes_by_step: dict[int, int] = {}  # the tensors' bytes logged per step (held or spilled)
         self.spilled_total = 0  # bytes written to spill files since the start (the disk traffic)
+        # train.clip_norm: per step, every stage's gradient norm in stage order (what the clip divided by), and the clip
+        self.norms: dict[int, torch.Tensor] = {}
+        self.max_norm: float | None = None
 
     def begin(self, step: int) -> None:
         """The sends that follow are step ``step``'s."""
@@ -113,6 +116,14 @@ class BoundaryLog:
             raise RuntimeError("BoundaryLog.record before begin(step): the entry would have no step")
         copies = tuple(t.detach().clone() for t in tensors)  # a send is asynchronous: the copy is its bytes now
         return self.put(Key(self.step, kind, micro), copies)
+
+    def record_norms(self, norms: list[torch.Tensor], max_norm: float) -> None:
+        """Keep this step's gradient norm of every stage (0-d tensors, in stage order) and the clip they served: a
+        stage replayed alone clips by them, its own checked against the one it had."""
+        if self.step is None:
+            raise RuntimeError("BoundaryLog.record_norms before begin(step): the norms would have no step")
+        self.norms[self.step] = torch.stack([n.detach().reshape(()) for n in norms]).cpu()
+        self.max_norm = max_norm
 
     def put(self, key: Key, tensors: tuple[torch.Tensor, ...]) -> int:
         """Keep ``tensors`` (the log's own from here on) under ``key``, replacing an entry there; their bytes."""
@@ -148,6 +159,8 @@ class BoundaryLog:
             self.drop(key)
         for s in [s for s in self.bytes_by_step if s < step]:
             del self.bytes_by_step[s]
+        for s in [s for s in self.norms if s < step]:
+            del self.norms[s]
         return len(old)
 
     def drop(self, key: Key) -> None:

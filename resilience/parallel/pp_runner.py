@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from resilience.runtime.pipeline import Layout
+from resilience.runtime.pipeline import Layout, stage_norms
 from resilience.workloads.base import Workload
 
 if TYPE_CHECKING:
@@ -35,17 +35,24 @@ class PipelineRunner:
 
     def __init__(self, module: nn.Module, layout: Layout, workload: Workload, device: torch.device,
                  microbatches: int, schedule: str, log: BoundaryLog | None = None) -> None:
+        self.module, self.layout, self.device, self.n, self.log = module, layout, device, microbatches, log
+        self.workload, self.schedule_name = workload, schedule
+        self.reset()
+
+    def reset(self) -> None:
+        """Build the stage and its schedule anew, over the pipeline's group as it is now, logging into ``self.log``
+        (a survivor of a lost stage drops its schedule's runtime state, bound to the group that broke, this way)."""
         # imported where a rank builds its stage: the command that only checks the settings does without it
         from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-        self.module, self.layout, self.device, self.n, self.log = module, layout, device, microbatches, log
-        inputs, outputs = workload.stage_io(layout.stage, layout.stages, workload.batch_size // microbatches)
+        layout, workload = self.layout, self.workload
+        inputs, outputs = workload.stage_io(layout.stage, layout.stages, workload.batch_size // self.n)
         # the shapes given up front (static): no inference pass on the first step of each attempt
-        self.stage = self.make_stage(module, layout.stage, layout.stages, device, input_args=inputs,
+        self.stage = self.make_stage(self.module, layout.stage, layout.stages, self.device, input_args=inputs,
                                      output_args=outputs, group=layout.pp_group)
         # the loss on every stage, not the last alone: without one a stage runs no backward
-        kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
-        self.schedule = kind(self.stage, n_microbatches=microbatches, loss_fn=workload.loss_fn, scale_grads=True)
+        kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[self.schedule_name]
+        self.schedule = kind(self.stage, n_microbatches=self.n, loss_fn=workload.loss_fn, scale_grads=True)
 
     def make_stage(self, *args: Any, **kwargs: Any) -> PipelineStage:
         """torch's stage over the rank's module (``PipelineStage``'s arguments); a logging one with a log."""
@@ -69,6 +76,14 @@ class PipelineRunner:
         loss /= self.n
         dist.broadcast(loss, src=self.layout.pp_ranks[-1], group=self.layout.pp_group)
         return loss
+
+    def clip_(self, params: list[torch.Tensor], max_norm: float) -> None:
+        """Clip the stage's gradients to ``max_norm`` by the norm over every stage's (``train.clip_norm``); a logging
+        runner keeps every stage's norm with the step's sends: a stage replayed alone clips by them."""
+        norms = stage_norms(params, self.layout)
+        if self.log is not None:
+            self.log.record_norms(norms, max_norm)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.nn.utils.get_total_norm(norms))
 
     def run_schedule(self, batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """The schedule's step on this stage: the first stage takes the inputs, the last the targets; the last

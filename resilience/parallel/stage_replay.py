@@ -98,3 +98,21 @@ def receive_entries(into: BoundaryLog, src: int, group: dist.ProcessGroup | None
     blob = torch.empty(int(size), dtype=torch.uint8)
     dist.recv(blob, src=src, group=group)
     return into.adopt(blob.numpy().tobytes())
+
+
+def send_norms(log: BoundaryLog, steps: range, dst: int, group: dist.ProcessGroup | None) -> int:
+    """Send ``log``'s stage norms of ``steps`` and the clip they served (``train.clip_norm``; none: no clip) to global
+    rank ``dst``; the steps sent."""
+    norms = {t: log.norms[t] for t in steps if t in log.norms}
+    dist.send_object_list([(log.max_norm, norms)], dst=dst, group=group)
+    return len(norms)
+
+
+def receive_norms(into: BoundaryLog, src: int, group: dist.ProcessGroup | None) -> int:
+    """Receive what ``send_norms`` sent from global rank ``src`` into ``into``; the steps taken."""
+    box: list = [None]
+    dist.recv_object_list(box, src=src, group=group)
+    max_norm, norms = box[0]
+    into.max_norm = max_norm if max_norm is not None else into.max_norm
+    into.norms.update(norms)
+    return len(norms)

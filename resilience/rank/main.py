@@ -145,7 +145,10 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         injector.attach(rt)
         if prepared and prepared.model is not None:  # a spare built them before it had a rank
             ddp = rt.wrap_model(prepared.model)
-            state = TrainState(ddp, prepared.optimizer)
+            # under a pipeline the wrap keeps the rank's stage alone: its optimizer is built over that stage (the
+            # spare's was over the whole model, a stage it did not know yet)
+            optimizer = prepared.optimizer if layout is None else roles.workload.build_optimizer(ddp)
+            state = TrainState(ddp, optimizer, flat_optim=layout is not None)
         else:  # a replacement whose state the strategy overwrites skips the initialisation
             wl, flat = roles.workload, layout is not None
             built = uninitialised.build(wl, device, rt.wrap_model) \
@@ -159,6 +162,7 @@ def run_attempt(cfg: DictConfig, prepared: Prepared | None = None) -> None:
         injector.arm(state)
         detectors.attach(rt, state)
         strategy.attach(rt)
+        strategy.attach_runner(runner)
         beater = Beater(run_dir, rank)
         try:
             Trainer(cfg, rt, roles.workload, state, strategy, detectors, beater, runner).run()

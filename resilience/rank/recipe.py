@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from resilience.runtime.pipeline import StepRunner, global_norm
+from resilience.runtime.pipeline import StepRunner
 from resilience.runtime.rank import RankRuntime
 from resilience.state.parts import Counters, JobParts, RngState
 from resilience.state.train import TrainState
@@ -101,7 +101,7 @@ class Recipe:
         if self.reseed:  # anything stochastic replays identically after a restart
             torch.manual_seed(stream_seed(self.workload.seed, step, self.rt.rank, "rng"))
         if self.runner is not None:  # a pipeline's schedule cuts the batch into micro-batches (fp32: resilience.compat)
-            loss = self.runner.forward_backward(self._batch(step, 0, []))
+            loss = self.runner.forward_backward(self._batch(step, 0, []), step)  # the step keys a log
             on_forward()
             return loss, None
         total, ids = None, []
@@ -126,9 +126,8 @@ class Recipe:
         """Unscale (fp16) and clip the summed gradients before the optimizer step."""
         if self.scaler is not None:
             self.scaler.unscale_(self.state.optimizer)
-        if self.clip is not None and self.rt.layout is not None:  # the norm over every stage's gradients
-            params = list(self.state.model.parameters())
-            torch.nn.utils.clip_grads_with_norm_(params, self.clip, global_norm(params, self.rt.layout))
+        if self.clip is not None and self.runner is not None:  # a pipeline's: the norm over every stage's gradients
+            self.runner.clip_(list(self.state.model.parameters()), self.clip)
         elif self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.state.model.parameters(), self.clip)
 

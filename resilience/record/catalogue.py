@@ -151,6 +151,14 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("replacement_too_slow", ("waited_s",), "no replacement came within the deadline: this survivor gives up"),
     ("rejoined", ("generation", "from_step", "source", "received", "bytes", "rejoin_s", "duration_s"),
      "a survivor is back in the full group with the replacement"),
+    ("log_discarded", ("dropped", "held_bytes", "spilled_bytes", "entries"), "strategy=swift_log: the checkpoint of "
+     "`step` is committed; the stage's log entries before it were dropped, what it holds now"),
+    ("stage_loaded", ("bytes", "duration_s"), "strategy=swift_log: a replaced stage loaded its own state of `step` "
+     "(0: no checkpoint, the seed's), by itself, while the other stages kept theirs"),
+    ("stage_replayed", ("from_step", "steps", "duration_s", "received_bytes", "sources"), "strategy=swift_log: a "
+     "replaced stage replayed `steps` steps from `from_step` to `step` from the logs its neighbours (`sources`) sent"),
+    ("stage_rejoined", ("generation", "replaced", "kept", "sent_bytes", "duration_s"), "strategy=swift_log: the "
+     "stages go on together from `step` after stages `replaced` restarted (`kept`: this stage kept its state)"),
     ("jit_saved", ("bytes", "duration_s", "shard", "path"), "strategy=jit: a survivor of a failure wrote its "
      "replica's state of `step` (its shard `shard`), `duration_s` after its collective failed"),
     ("jit_unsaved", ("reason",), "strategy=jit: a survivor of a failure wrote nothing, or a rank could not keep its "

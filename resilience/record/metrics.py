@@ -152,7 +152,7 @@ def _fault_metrics(events: list[dict], fault: dict | None, status: str) -> dict[
         "recovered": False, "recovery_time_s": None, "mttr_s": None, "restore_s": None, "lost_work_s": None,
         "recovery_breakdown_s": {"detect": None, "restart": None, "load": None, "replay": None},
         "lost_steps": None, "recovery_source": None, "recovery_bytes": None, "recovery_load_s": None,
-        "survivors_restarted": None,
+        "survivors_restarted": None, "ranks_restarted": None,
         "false_alarms": _false_alarms(events, fault),
     }
     out.update(_every_fault(events, status))
@@ -221,6 +221,7 @@ def _what_was_loaded(events: list[dict], window: RecoveryWindow) -> dict[str, An
         "recovery_bytes": loaded.get("bytes") if loaded else 0,
         "recovery_load_s": _load_time(events, window),
         "survivors_restarted": bool(started - victims),
+        "ranks_restarted": sorted(started),  # every rank started again in the recovery (replace_failed: the lost)
     }
 
 

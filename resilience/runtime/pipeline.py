@@ -89,11 +89,17 @@ def pipeline_groups(stages: int, replicas: int, timeout: timedelta | None) -> li
 def global_norm(params: Iterable[torch.Tensor], layout: Layout) -> torch.Tensor:
     """The 2-norm of every stage's gradients together: each stage's norm, gathered in stage order, then the norm of
     those (what ``clip_grad_norm_`` computes over one model, up to the order of its terms)."""
+    return torch.nn.utils.get_total_norm(stage_norms(params, layout))
+
+
+def stage_norms(params: Iterable[torch.Tensor], layout: Layout) -> list[torch.Tensor]:
+    """Each stage's gradient 2-norm (0-d tensors), gathered in stage order over the pipeline: the same on every
+    stage, and what ``global_norm`` is the norm of."""
     grads = [p.grad for p in params if p.grad is not None]
     local = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
     norms = [torch.empty_like(local) for _ in range(layout.stages)]
     dist.all_gather(norms, local, group=layout.pp_group)
-    return torch.nn.utils.get_total_norm(norms)
+    return norms
 
 
 def combined_sha256(local: str, layout: Layout) -> str:
@@ -110,5 +116,9 @@ def combined_sha256(local: str, layout: Layout) -> str:
 class StepRunner(Protocol):
     """Runs one step's forward and backward over a pipeline (the gradients accumulate in the stage's parameters)."""
 
-    def forward_backward(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The step's mean loss over its micro-batches, the same on every stage of the pipeline."""
+    def forward_backward(self, batch: tuple[torch.Tensor, ...], step: int | None = None) -> torch.Tensor:
+        """The step's mean loss over its micro-batches, the same on every stage of the pipeline; ``step`` (the
+        loop's) keys what a logging runner keeps of the step's sends."""
+
+    def clip_(self, params: list[torch.Tensor], max_norm: float) -> None:
+        """Clip the stage's gradients to ``max_norm`` by the norm over every stage's (``global_norm``)."""

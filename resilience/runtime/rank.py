@@ -38,6 +38,9 @@ REQUESTED_EXITS = (RECOVERY_EXIT, NOTHING_TO_RECOVER_EXIT, NOTICE_EXIT, DRAIN_EX
 
 # A phase hook: (phase, step) -> None. The training loop and the strategies call it at each named point.
 PhaseHook = Callable[[str, int], None]
+# The phase a strategy that replays a lost pipeline stage (swift_log) calls the hook with at each replayed step,
+# before its optimizer step: a fault there strikes the recovery itself (injectors.base).
+REPLAY_PHASE = "during_replay"
 
 
 def _no_hook(phase: str, step: int) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from resilience.caps import Named, StrategyCaps
 from resilience.settings.checks import require_int
 from resilience.strategies.interval import Interval, interval_of
+from resilience.runtime.pipeline import StepRunner
 from resilience.runtime.rank import AgentService, NodeMemory, RankRuntime
 from resilience.state.train import RestorePoint, TrainState
 from resilience.workloads.base import Workload
@@ -75,6 +76,10 @@ class CheckpointStrategy(Named, ABC):
         self.rt = rt
         self.interval.attach(rt)
         self._rejected: set[int] = set()  # checkpoints passed over in this attempt (a load may try again)
+
+    def attach_runner(self, runner: StepRunner | None) -> None:
+        """The step runner of a pipeline's stage (None: not pipelined), once per attempt after ``attach``: a
+        strategy that logs what the stage sends, or replays a stage, keeps it (swift_log); the others ignore it."""
 
     def _reject(self, entry: CheckpointEntry, reason: str) -> None:
         """Pass over ``entry`` for the rest of this attempt, recorded with why (and told to the rank's report)."""

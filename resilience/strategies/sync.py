@@ -112,21 +112,8 @@ class SyncCheckpoint(CheckpointStrategy):
         dist.broadcast_object_list(shared, src=0)  # what rank 0 checked is what every rank verifies
         record = shared[0]
         buffers, reason = {}, None
-        fs = self.rt.ckpt_fs  # None: plain files, mapped
-        data = [n for n in record["files"] if n.endswith(DATA_SUFFIX)]
-
-        def verify(names) -> None:
-            digest, sums = for_record(record)  # xxh3_64, or CRC32 in a record written before the switch
-            for name in names:
-                buffers[name] = read_verified(fs, entry.path / name, record["files"][name], sums[name], digest)
-
         try:
-            verify(n for n in record["files"] if n not in data)
-            partial = is_sharded_state(sd) or self.rt.layout is not None  # a shard, or a pipeline's stage
-            if data and partial:
-                from resilience.ckpt.dcp_files import planned_files
-                data = planned_files(entry.path, buffers, sd)
-            verify(data)
+            buffers = self.read_own(entry, sd, record)
         except (OSError, KeyError, ValueError) as exc:  # ValueError: a checksum algorithm this code does not know
             reason = str(exc) if isinstance(exc, CorruptFile) else f"{type(exc).__name__}: {exc}"[:300]
         reasons: list = [None] * self.rt.world_size
@@ -139,6 +126,26 @@ class SyncCheckpoint(CheckpointStrategy):
         if self.rt.rank == 0:
             self._reject(entry, "; ".join(bad))
         return None
+
+    def read_own(self, entry: CheckpointEntry, sd: dict, record: dict) -> dict[str, memoryview]:
+        """The files of ``entry`` (its manifest ``record``) that loading ``sd`` reads on this rank, in memory, each
+        checked against its checksum; raises ``OSError``, ``KeyError`` or ``ValueError`` at the first bad one."""
+        buffers: dict[str, memoryview] = {}
+        fs = self.rt.ckpt_fs  # None: plain files, mapped
+        data = [n for n in record["files"] if n.endswith(DATA_SUFFIX)]
+
+        def verify(names) -> None:
+            digest, sums = for_record(record)  # xxh3_64, or CRC32 in a record written before the switch
+            for name in names:
+                buffers[name] = read_verified(fs, entry.path / name, record["files"][name], sums[name], digest)
+
+        verify(n for n in record["files"] if n not in data)
+        partial = is_sharded_state(sd) or self.rt.layout is not None  # a shard, or a pipeline's stage
+        if data and partial:
+            from resilience.ckpt.dcp_files import planned_files
+            data = planned_files(entry.path, buffers, sd)
+        verify(data)
+        return buffers
 
     def choose(self, checksums: bool = True) -> CheckpointEntry | None:
         """The newest committed checkpoint within the rollback bound that passes ``CheckpointDir.check`` (this

@@ -15,11 +15,12 @@ import signal
 import subprocess
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
 from resilience.runtime.rank import DRAIN_EXIT, NOTHING_TO_RECOVER_EXIT
-from resilience.record.events import EventLog
+from resilience.record.events import EventLog, read_events
 from resilience.rank.group import GENERATION_KEY, STORE_ENV, failed_key
 from resilience.record.board import reset_board
 from resilience.supervise.observer import Observer, kill_hard, say
@@ -99,10 +100,11 @@ class ReplacingSupervisor(Supervisor):
         planned = all(c == DRAIN_EXIT for c in failed.values())
         self._killed.clear()
         if NOTHING_TO_RECOVER_EXIT in failed.values():
-            events.emit("unrecoverable", ranks=sorted(r for r, c in failed.items() if c == NOTHING_TO_RECOVER_EXIT),
-                        reason=NOTHING_TO_RECOVER)
-            say(f"{NOTHING_TO_RECOVER}: no restart can mend that, so the run ends here (a strategy that checkpoints "
-                "recovers from it)")
+            ranks = sorted(r for r, c in failed.items() if c == NOTHING_TO_RECOVER_EXIT)
+            refused = refusal(self.run_dir, ranks)
+            events.emit("unrecoverable", ranks=ranks, reason=refused or NOTHING_TO_RECOVER)
+            say(refused or f"{NOTHING_TO_RECOVER}: no restart can mend that, so the run ends here (a strategy that "
+                "checkpoints recovers from it)")
             return "failed"
         if self._left == 0 and not planned:
             say(f"rank(s) {sorted(failed)} failed and the restart budget ({self.max_restarts}) is spent")
@@ -203,6 +205,14 @@ class ReplacingSupervisor(Supervisor):
             except subprocess.TimeoutExpired:
                 kill_hard(p.pid)
                 p.wait()
+
+
+def refusal(run_dir: Path, ranks: list[int]) -> str | None:
+    """The one line a rank refused its recovery with (swift_log's ``ReplayRefused``, recorded as its ``rank_error``),
+    or None."""
+    errors = [e["error"] for e in read_events(run_dir) if e["kind"] == "rank_error" and e["rank"] in ranks]
+    refused = [e.partition(": ")[2] for e in errors if e.startswith("ReplayRefused: ")]
+    return refused[-1] if refused else None
 
 
 def unplanned(exits: dict[int, int]) -> dict[int, int]:
