@@ -172,17 +172,19 @@ def own_checkpoint_dir(cfg: DictConfig, run_dir: Path, resume: Resume | None = N
 
 def start_zygote(cfg: DictConfig, run_dir: Path) -> None:
     """The interpreter the first attempt's ranks fork from (``supervisor.first_start=preloaded``, our launcher),
-    started from the composed command of a single run; a sweep's runs start cold."""
+    and every later start too under ``supervisor.restarts=preloaded``; started from the composed command of a
+    single run; a sweep's runs start cold."""
     global _zygote
     try:
-        wanted = cfg.supervisor.launcher == "local" and cfg.supervisor.first_start == "preloaded"
+        local, restarts = cfg.supervisor.launcher == "local", cfg.supervisor.restarts == "preloaded"
+        wanted = local and (cfg.supervisor.first_start == "preloaded" or restarts)
         ranks, strategy = int(cfg.world_size), str(cfg.strategy._target_).rsplit(".", 1)[0]
     except Exception:  # noqa: BLE001 (a setting validation will name in its own words: no zygote then)
         return
     if wanted:
         from resilience.proc.zygote import PRELOAD, Zygote
 
-        _zygote = Zygote.start(ranks, run_dir / "config.yaml", [*PRELOAD, strategy])
+        _zygote = Zygote.start(None if restarts else ranks, run_dir / "config.yaml", [*PRELOAD, strategy])
 
 
 def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:

@@ -22,6 +22,10 @@ from resilience.record.reference import INDEX_VAR as REFERENCE_INDEX_VAR
 # test of this process (the data loader's workers, DLRover's saver), keeps the environment it was started with:
 # a run id set later by one test would not reach a saver forked from a server another test started.
 os.environ.setdefault("TORCHELASTIC_RUN_ID", f"rbtest{os.getpid()}")
+# Every rank start after a run's first is forked from the run's preloaded interpreter (supervisor.restarts, in
+# conf/config.yaml), not a cold interpreter: ~2.5 s less per restart, and a restart's correctness does not depend on
+# how its process started. Its time does: tests of the cold path (test_zygote.py) name supervisor.restarts=cold.
+os.environ.setdefault("RB_RESTARTS", "preloaded")
 
 ROOT = Path(__file__).resolve().parent.parent
 

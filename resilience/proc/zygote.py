@@ -7,6 +7,9 @@ from it, each a fresh child of an interpreter that has done nothing but import: 
 state of the supervisor. Every later start (a restart after a fault, a replacement, a spare) is a cold process
 start, as in production (the stub execs the ordinary rank command there), and a rank says which it was
 (``run_start``'s ``preloaded``; ``result.json``'s ``first_start``). ``supervisor.first_start=cold`` turns it off.
+``supervisor.restarts=preloaded`` forks every later start from it too, for runs whose recovery times do not matter
+(the test suite: a restart's correctness does not depend on how its process started, its time does); the result
+says so (``restarts``).
 
 The agent starts, watches and signals a small stub (``zygote_stub.py``, standard library only, ``python -S``: ~20
 ms) in the rank's place. The stub hands its stdio, environment and directory to the zygote, which forks the rank
@@ -74,11 +77,12 @@ class Zygote:
         self._ready: bool | None = None
 
     @classmethod
-    def start(cls, ranks: int, config_path: Path, modules: list[str]) -> Zygote:
-        """``config_path`` is only named on its command line, which the forked ranks keep: whatever finds a run's
-        processes by the config file they name (``resilience.proc.child``) finds these too."""
+    def start(cls, ranks: int | None, config_path: Path, modules: list[str]) -> Zygote:
+        """Serves the first ``ranks`` starts (every start while the supervisor lives: None). ``config_path`` is only
+        named on its command line, which the forked ranks keep: whatever finds a run's processes by the config file
+        they name (``resilience.proc.child``) finds these too."""
         name = f"rb-zygote-{os.getpid()}-{secrets.token_hex(4)}"  # an abstract socket: nothing on disk to leave
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name, str(ranks),
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name, str(ranks or 0),
                                  str(os.getpid()), str(config_path), *modules],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         return cls(proc, name)
@@ -106,7 +110,8 @@ class Zygote:
 
 def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> None:
     """The zygote: listen, import, then fork one rank per request until ``ranks`` have been started and have
-    ended (or the supervisor has). Single-threaded, so that a fork copies no lock held by another thread."""
+    ended (or the supervisor has; ``ranks`` 0: every request until then). Single-threaded, so that a fork copies
+    no lock held by another thread."""
     # Dies with the command that started it, whatever way that ends (a config error, an exception, SIGKILL): a
     # zygote outliving it would hold ~300 MB each (the suite once filled the host's memory with them).
     killed_with_parent()
@@ -115,7 +120,7 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
     supervisor = os.pidfd_open(supervisor_pid)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind("\0" + name)
-    listener.listen(ranks)
+    listener.listen(ranks or 8)
     print("listening", flush=True)  # connections wait in the backlog while the imports run
     began = time.perf_counter()
     for module in modules:
@@ -126,9 +131,9 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears of each child's end
     stubs: dict[int, socket.socket] = {}  # rank pid -> its stub's connection
-    started = 0
-    while started < ranks or stubs:
-        watched = [supervisor, wake_r] + ([listener] if started < ranks else [])
+    started, limit = 0, ranks or float("inf")
+    while started < limit or stubs:
+        watched = [supervisor, wake_r] + ([listener] if started < limit else [])
         readable, _, _ = select.select(watched, [], [])
         if supervisor in readable:
             return  # its ranks watch their parent (resilience.rank.orphan): they clean up and die
@@ -141,7 +146,7 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
             pid = _fork_rank(conn, imports_s, closing=[listener, supervisor, wake_r, wake_w])
             if pid:
                 stubs[pid] = conn
-        if started == ranks and listener.fileno() >= 0:
+        if started == limit and listener.fileno() >= 0:
             listener.close()  # later starts are cold: a stub that finds no zygote execs the ordinary command
 
 

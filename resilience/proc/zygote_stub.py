@@ -2,8 +2,9 @@
 
 Run as ``python -u -S zygote_stub.py ZYGOTE CONFIG``: the standard library only, so that it starts in ~20 ms. On the
 first attempt it asks the zygote to fork the rank with this process's stdio, environment and directory, relays
-every signal it gets to the rank, and ends as the rank ended. A restart (``TORCHELASTIC_RESTART_COUNT`` above 0),
-or no zygote to answer, execs the ordinary command instead: a cold start, same pid.
+every signal it gets to the rank, and ends as the rank ended. No zygote to answer (it stops listening once it has
+served the first attempt's ranks, unless ``supervisor.restarts=preloaded``) execs the ordinary command instead: a
+cold start, same pid.
 """
 
 import json
@@ -22,8 +23,6 @@ def cold(config):
 
 
 def main(zygote, config):
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        cold(config)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.connect("\0" + zygote)
@@ -31,7 +30,7 @@ def main(zygote, config):
                    "launcher": os.getppid()}
         socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
         reply = sock.recv(4096)
-    except OSError:  # no zygote (it served the first attempt, or failed): start cold
+    except OSError:  # no zygote listening (it served the first attempt, or failed): start cold
         reply = b""
     if not reply:
         sock.close()

@@ -47,9 +47,8 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         # False under torchrun (launched by it, or supervisor.launcher=torchrun): no detection events
         "supervised": launch is not None and launch.get("recovery") not in ("torchrun", "ft_launcher") and launch["rank"] is None,
         "attempts": final_attempt + 1,
-        # how the first attempt's ranks started (resilience.proc.zygote); every restart is a cold start
-        "first_start": "preloaded" if any(e.get("preloaded") for e in events if e["kind"] == "run_start")
-        else "cold",
+        # how the first attempt's ranks started, and every later start (resilience.proc.zygote): None if none
+        **_process_starts(events),
         "steps_completed": max((e["step"] for e in rank0 if e["kind"] == "step_end" and e["attempt"] == final_attempt),
                                default=0),
         # across jobs on the wall clock: a resumed job may run on another host
@@ -83,6 +82,18 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
     result["final_state_sha256"] = next((e["final_state_sha256"] for e in run_ends if e["rank"] == 0), None)
     result["replicas_agree"] = len(hashes) == 1 if hashes else None
     return result
+
+
+def _process_starts(events: list[dict]) -> dict[str, str | None]:
+    """``first_start`` and ``restarts``: preloaded (forked from the zygote) or cold, per the ranks' ``run_start``."""
+    seen: set = set()
+    first, later = [], []
+    for e in events:
+        if e["kind"] == "run_start":
+            (later if e["rank"] in seen else first).append(bool(e.get("preloaded")))
+            seen.add(e["rank"])
+    return {"first_start": "preloaded" if any(first) else "cold",
+            "restarts": ("preloaded" if any(later) else "cold") if later else None}
 
 
 def _validity(load: dict | None, events: list[dict]) -> dict[str, Any]:

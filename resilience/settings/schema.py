@@ -51,7 +51,7 @@ class Launcher(str, Enum):
     ft_launcher = "ft_launcher"
 
 
-class FirstStart(str, Enum):
+class ProcessStart(str, Enum):  # how a rank process starts: forked from the zygote, or a fresh interpreter
     preloaded = "preloaded"
     cold = "cold"
 
@@ -88,7 +88,8 @@ class Timeouts:
 @dataclass
 class Supervisor:
     launcher: Launcher = Launcher.local
-    first_start: FirstStart = FirstStart.preloaded
+    first_start: ProcessStart = ProcessStart.preloaded
+    restarts: ProcessStart = ProcessStart.cold
     monitor_interval_s: Number = above(0, 0.1)
     spares: int = at_least(0, 0)
     max_local_ranks: Any = "auto"  # auto | an integer >= 1 (checked where the local launcher's limit is applied)
