@@ -150,4 +150,8 @@ LONG: dict[str, str] = {
     # projection and matrices: CI keeps the default matrix's dry run and the smoke matrix end to end
     "tests/test_parity.py::test_costs_fitted_on_one_measured_run_predict_another": "two measured runs",
     "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[peers]": "big matrix",
+    "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[recovery_peers]":
+        "big matrix",
+    "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[sharded]": "big matrix",
+    "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[full]": "big matrix",
 }
