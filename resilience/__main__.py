@@ -6,11 +6,19 @@ harness itself failed, 2 for a configuration error (one line on stderr naming th
 
 from __future__ import annotations
 
+import sys
+
+from resilience.proc.zygote import Zygote  # the standard library only
+
+# The interpreter the first attempt's ranks fork from, started before this command imports Hydra and the rest: its
+# imports (~2.3 s) are what the first step waits for (resilience/proc/zygote.py). Only as the command, not on import.
+_zygote: Zygote | None = Zygote.early_for(sys.argv[1:]) if __name__ == "__main__" else None
+
+# The imports below come after the zygote's start on purpose.
 import logging
 import os
 import shutil
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -32,14 +40,11 @@ from resilience.record.result import summarize, write_result
 from resilience.supervise.resume import Resume, names_run_dir, with_run_dir
 
 if TYPE_CHECKING:
-    from resilience.proc.zygote import Zygote
     from resilience.roles import Roles
     from resilience.supervise.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-
-_zygote: Zygote | None = None  # started once the command is composed (start_zygote), handed to the supervisor
 
 
 def _fail_config(exc: ConfigError) -> None:
@@ -175,16 +180,27 @@ def start_zygote(cfg: DictConfig, run_dir: Path) -> None:
     and every later start too under ``supervisor.restarts=preloaded``; started from the composed command of a
     single run; a sweep's runs start cold."""
     global _zygote
+    from resilience.proc.zygote import PRELOAD
+
+    early, _zygote = _zygote, None
     try:
         local, restarts = cfg.supervisor.launcher == "local", cfg.supervisor.restarts == "preloaded"
         wanted = local and (cfg.supervisor.first_start == "preloaded" or restarts)
         ranks, strategy = int(cfg.world_size), str(cfg.strategy._target_).rsplit(".", 1)[0]
     except Exception:  # noqa: BLE001 (a setting validation will name in its own words: no zygote then)
+        wanted = False
+    if not wanted or (early is not None and early.config_path != run_dir / "config.yaml"):
+        if early is not None:
+            early.close()
+        early = None
+    if not wanted:
         return
-    if wanted:
-        from resilience.proc.zygote import PRELOAD, Zygote
-
-        _zygote = Zygote.start(None if restarts else ranks, run_dir / "config.yaml", [*PRELOAD, strategy])
+    serve = None if restarts else ranks  # None: every start while the command lives
+    if early is not None:
+        early.confirm(serve, [strategy])  # PRELOAD is on its way already
+        _zygote = early
+    else:
+        _zygote = Zygote.start(serve, run_dir / "config.yaml", [*PRELOAD, strategy])
 
 
 def supervisor_for(cfg: DictConfig, config_path: Path, roles: Roles) -> Supervisor:

@@ -2,7 +2,9 @@
 
 A rank's start is mostly imports (torch, DDP's ``torch._dynamo``, DCP: ~1.9 s of a gpt_tiny cell's 8.8 s on 2 idle
 cores, docs/performance.md). The supervisor starts one *zygote* as early as it can (a fresh interpreter that imports
-what a rank imports, beside the supervisor's own imports on the other core) and the first attempt's ranks are forked
+what a rank imports, beside the supervisor's own imports on the other core: before the command imports Hydra when
+its command line names the run directory, the ranks to serve and the strategy's module following once the command
+is composed, else once it is) and the first attempt's ranks are forked
 from it, each a fresh child of an interpreter that has done nothing but import: no thread, no torch operation, no
 state of the supervisor. Every later start (a restart after a fault, a replacement, a spare) is a cold process
 start, as in production (the stub execs the ordinary rank command there), and a rank says which it was
@@ -39,6 +41,8 @@ LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launch
 STUB_ENV = "RB_STUB_PID"  # in a preloaded rank: the process the launcher started for it
 IMPORTS_ENV = "RB_PRELOAD_S"  # in a preloaded rank: the seconds its zygote took to import, which it did not pay
 STUB = Path(__file__).with_name("zygote_stub.py")
+RUN_DIR_ARG = "hydra.run.dir="
+ORDERS_ON_STDIN = "stdin"  # an early zygote's count of ranks: told once the command is composed
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
 # What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
 PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.parallel", "resilience.ckpt.dcp_files",
@@ -72,20 +76,48 @@ def preload_s() -> float | None:
 class Zygote:
     """The supervisor's handle on its zygote process: started early, asked for the first attempt's rank command."""
 
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
-        self.proc, self.name = proc, name
+    def __init__(self, proc: subprocess.Popen, name: str, config_path: Path, early: bool = False) -> None:
+        self.proc, self.name, self.config_path, self.early = proc, name, config_path, early
         self._ready: bool | None = None
+
+    @classmethod
+    def early_for(cls, argv: list[str]) -> Zygote | None:
+        """Started before the command imports Hydra (~0.3 s sooner: the zygote's imports are what the first step
+        waits for) when the command line names its run directory plainly; told the ranks to serve and the
+        strategy's module once the command is composed (:meth:`confirm`), closed if the composed run wants none or
+        lives elsewhere. None when the command line does not say where the run goes in so many words."""
+        values = [a.split("=", 1)[1] for a in argv if a.startswith(RUN_DIR_ARG)]
+        if len(values) != 1 or any(not a or a[0] == "-" or "=" not in a for a in argv):
+            return None  # a flag (help, --multirun, ...) or no plain run directory: composed first, as before
+        value = values[0]
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if not value or any(c in value for c in "$'\",[]{} \\"):
+            return None  # an interpolation, a sweep, a quoted oddity: Hydra's to read
+        return cls._spawn(None, Path(value).resolve() / "config.yaml", list(PRELOAD), early=True)
+
+    def confirm(self, ranks: int | None, modules: list[str]) -> None:
+        """An early zygote's orders, once the command is composed: serve ``ranks`` starts (None: every start)
+        and import ``modules`` too."""
+        self.proc.stdin.write(f"{ranks or 0} {' '.join(modules)}\n".encode())
+        self.proc.stdin.close()
 
     @classmethod
     def start(cls, ranks: int | None, config_path: Path, modules: list[str]) -> Zygote:
         """Serves the first ``ranks`` starts (every start while the supervisor lives: None). ``config_path`` is only
         named on its command line, which the forked ranks keep: whatever finds a run's processes by the config file
         they name (``resilience.proc.child``) finds these too."""
+        return cls._spawn(ranks or 0, config_path, modules)
+
+    @classmethod
+    def _spawn(cls, ranks: int | None, config_path: Path, modules: list[str], early: bool = False) -> Zygote:
+        """``ranks`` None: the orders come on its stdin (:meth:`confirm`)."""
         name = f"rb-zygote-{os.getpid()}-{secrets.token_hex(4)}"  # an abstract socket: nothing on disk to leave
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name, str(ranks or 0),
-                                 str(os.getpid()), str(config_path), *modules],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-        return cls(proc, name)
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name,
+                                 ORDERS_ON_STDIN if ranks is None else str(ranks), str(os.getpid()),
+                                 str(config_path), *modules],
+                                stdin=subprocess.PIPE if early else subprocess.DEVNULL, stdout=subprocess.PIPE)
+        return cls(proc, name, config_path, early)
 
     def ready(self) -> bool:
         """Whether the zygote listens (it says so once bound, before it imports): else the ranks start cold."""
@@ -106,12 +138,14 @@ class Zygote:
             self.proc.kill()
         self.proc.wait()
         self.proc.stdout.close()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
 
 
-def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> None:
+def serve(name: str, ranks: int | None, supervisor_pid: int, modules: list[str]) -> None:
     """The zygote: listen, import, then fork one rank per request until ``ranks`` have been started and have
-    ended (or the supervisor has; ``ranks`` 0: every request until then). Single-threaded, so that a fork copies
-    no lock held by another thread."""
+    ended (or the supervisor has; ``ranks`` 0: every request until then; None: the count and more modules come
+    on stdin, from an early start). Single-threaded, so that a fork copies no lock held by another thread."""
     # Dies with the command that started it, whatever way that ends (a config error, an exception, SIGKILL): a
     # zygote outliving it would hold ~300 MB each (the suite once filled the host's memory with them).
     killed_with_parent()
@@ -125,6 +159,13 @@ def serve(name: str, ranks: int, supervisor_pid: int, modules: list[str]) -> Non
     began = time.perf_counter()
     for module in modules:
         importlib.import_module(module)
+    if ranks is None:  # started early: its orders once the command is composed (an empty line: not wanted)
+        orders = sys.stdin.readline().split()
+        if not orders:
+            return
+        ranks = int(orders[0])
+        for module in orders[1:]:
+            importlib.import_module(module)
     imports_s = time.perf_counter() - began
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -220,5 +261,6 @@ def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: li
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[5:])  # argv[4]: the run's config, named
+    serve(sys.argv[1], None if sys.argv[2] == ORDERS_ON_STDIN else int(sys.argv[2]), int(sys.argv[3]),
+          sys.argv[5:])  # argv[4]: the run's config, named
     os._exit(0)  # its ranks have ended: nothing to flush, and no interpreter teardown after torch
