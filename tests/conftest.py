@@ -26,6 +26,8 @@ os.environ.setdefault("TORCHELASTIC_RUN_ID", f"rbtest{os.getpid()}")
 # conf/config.yaml), not a cold interpreter: ~2.5 s less per restart, and a restart's correctness does not depend on
 # how its process started. Its time does: tests of the cold path (test_zygote.py) name supervisor.restarts=cold.
 os.environ.setdefault("RB_RESTARTS", "preloaded")
+# The pipelines' probe writes 128 MiB disk samples, not 1 GiB (reports/limits.py): seconds less per pipeline run.
+os.environ.setdefault("RB_PROBE_MB", "128")
 
 ROOT = Path(__file__).resolve().parent.parent
 
