@@ -20,7 +20,8 @@ import torch
 
 from conftest import ROOT, exact, of_kind, refusal, run_experiment
 from resilience.ckpt.codec import restore, snapshot_state, tensor_leaves
-from resilience.ckpt.jit_files import RankParts, read_shard, write_shard
+from resilience.ckpt.jit_files import read_shard, write_shard
+from resilience.ckpt.jit_parts import RankParts
 from resilience.ckpt.node_memory import NodeMemory, cleanup
 from resilience.ckpt.shm_store import run_id
 from resilience.record.events import read_events
@@ -179,7 +180,7 @@ def test_per_rank_parts_keep_two_steps_and_a_copy_on_the_next_node(tmp_path):
 GRACE = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from resilience.strategies.jit import TermGrace
+    from resilience.proc.term_grace import TermGrace
     mode, flag, done = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     grace = TermGrace(0.6, lambda: flag.exists())
     grace.install()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import exact, of_kind, refusal, run_experiment
-from resilience.ckpt import shadow_ring as sr, shm_store
+from resilience.ckpt import shadow_control as sc, shadow_files as sf, shadow_ring as sr, shm_store
 from resilience.ckpt.shadow_apply import init_state
 from resilience.ckpt.shm_store import run_id
 from resilience.record.events import read_events
@@ -112,7 +112,7 @@ def shadow(tmp_path, monkeypatch):
     run.mkdir()
     service = ShadowService(world_size=2, report_every=3, poll_s=0.0005, stop_s=10.0)
     service.start("test", run)
-    ctl = sr.Control.open(sr.ctl_path(run_id(run)))
+    ctl = sc.Control.open(sf.ctl_path(run_id(run)))
     yield service, ctl, run
     ctl.close()
     service.close()
@@ -147,12 +147,12 @@ def test_the_shadow_process_steps_its_replica_to_the_training_s_bytes(shadow):
     rid = run_id(run)
     model, opt, sched = tiny()
     params = params_of(opt)
-    ring = sr.GradRing.create(sr.ring_path(rid), sr.Layout.of(params), slots=2)
+    ring = sr.GradRing.create(sf.ring_path(rid), sr.Layout.of(params), slots=2)
     try:
-        sr.write_state(sr.init_path(rid), 0, 5, init_state(opt, 0))
-        assert ctl.request(sr.INIT, gen=5, world=2, step=0, timeout_s=60)[0] == 0
+        sf.write_state(sf.init_path(rid), 0, 5, init_state(opt, 0))
+        assert ctl.request(sc.INIT, gen=5, world=2, step=0, timeout_s=60)[0] == 0
         for step in range(1, 8):
-            ctl.wait(lambda: ctl[sr.APPLIED] >= step - 2, 30, 0.0005, "a free slot")
+            ctl.wait(lambda: ctl[sc.APPLIED] >= step - 2, 30, 0.0005, "a free slot")
             model(torch.randn(5, 8)).square().mean().backward()
             hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
             skipped = step == 4
@@ -165,14 +165,14 @@ def test_the_shadow_process_steps_its_replica_to_the_training_s_bytes(shadow):
             ctl.mark(0, 5, step)
             if step == 1:  # rank 1 has not kept its parts of step 1: the shadow must not apply it yet
                 time.sleep(0.3)
-                assert ctl[sr.APPLIED] == 0
+                assert ctl[sc.APPLIED] == 0
             ctl.mark(1, 5, step)
-            ctl.wait(lambda: ctl[sr.APPLIED] == step, 30, 0.0005, f"step {step}")
-            assert ctl.request(sr.DIGEST_AT, step=step, timeout_s=30)[0] == step
-            assert ctl.digest() == sr.replica_digest(params, opt.state_dict()["state"]), f"step {step}"
-        got, nbytes, _ = ctl.request(sr.SETTLE, timeout_s=30)
+            ctl.wait(lambda: ctl[sc.APPLIED] == step, 30, 0.0005, f"step {step}")
+            assert ctl.request(sc.DIGEST_AT, step=step, timeout_s=30)[0] == step
+            assert ctl.digest() == sf.replica_digest(params, opt.state_dict()["state"]), f"step {step}"
+        got, nbytes, _ = ctl.request(sc.SETTLE, timeout_s=30)
         assert got == 7 and nbytes > 0
-        step, dumped, _ = sr.read_state(sr.dump_path(rid))
+        step, dumped, _ = sf.read_state(sf.dump_path(rid))
         assert step == 7 and all(same_bytes(a, b) for a, b in zip(dumped["params"], params))
         mine, theirs = opt.state_dict(), dumped["optim"]
         assert mine["state"].keys() == theirs["state"].keys()
@@ -209,16 +209,16 @@ def test_a_slot_whose_writer_dies_before_its_commit_is_never_applied(tmp_path, m
 @pytest.mark.timeout(120)
 def test_a_shadow_that_died_is_started_anew_and_holds_nothing(shadow):
     service, ctl, _ = shadow
-    ctl.wait(lambda: ctl[sr.STATE] == sr.EMPTY, 60, 0.01, "to start")
+    ctl.wait(lambda: ctl[sc.STATE] == sc.EMPTY, 60, 0.01, "to start")
     first = service.proc.pid
     service.proc.send_signal(signal.SIGKILL)
     service.proc.wait()
     assert not ctl.alive()
-    with pytest.raises(sr.ShadowGone, match="is gone"):
-        ctl.request(sr.SETTLE, timeout_s=30)
+    with pytest.raises(sc.ShadowGone, match="is gone"):
+        ctl.request(sc.SETTLE, timeout_s=30)
     service.before_restart()  # the supervisor, before the next ranks start
-    assert service.proc.pid != first and ctl[sr.PID] == service.proc.pid
-    assert ctl.request(sr.SETTLE, timeout_s=60)[0] == -1  # empty: the restart goes on from step 0
+    assert service.proc.pid != first and ctl[sc.PID] == service.proc.pid
+    assert ctl.request(sc.SETTLE, timeout_s=60)[0] == -1  # empty: the restart goes on from step 0
 
 
 def test_the_table_refuses_what_the_shadow_cannot_do(tmp_path):

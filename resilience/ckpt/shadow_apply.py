@@ -4,7 +4,7 @@ One process beside the supervisor (its ``agent_service`` starts it before the fi
 ends), outliving every restart of the ranks. It holds one replica of the training's parameters and optimizer, built
 from rank 0's state (``ShadowReplica``: the same optimizer class, hyperparameters, ``foreach``/``fused`` settings and
 CPU thread count, so that the same step gives the same bits), and applies each step's reduced gradients to it, in
-order, once every rank has kept its own parts of that step (``shadow_ring``). So its state is always one that the
+order, once every rank has kept its own parts of that step (``shadow_files``). So its state is always one that the
 whole job can restart from: the step applied, with every rank's RNG streams and data position of that step.
 
 Its loop answers rank 0's requests first (``INIT`` from a state file, ``SETTLE``: apply every complete step, then dump
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from resilience.ckpt import shadow_ring as sr
+from resilience.ckpt import shadow_control as sc, shadow_files as sf, shadow_ring as sr
 from resilience.ckpt.shm_store import run_id
 from resilience.proc.orphans import killed_with_parent
 from resilience.record import catalogue
@@ -116,7 +116,7 @@ class ShadowReplica:
         return {"params": self.params, "optim": self.optimizer.state_dict()}
 
     def digest(self) -> str:
-        return sr.replica_digest(self.params, self.optimizer.state_dict()["state"])
+        return sf.replica_digest(self.params, self.optimizer.state_dict()["state"])
 
 
 class Shadow:
@@ -125,7 +125,7 @@ class Shadow:
     def __init__(self, run_dir: Path, report_every: int, poll_s: float) -> None:
         self.run_dir, self.report_every, self.poll_s = run_dir, report_every, poll_s
         self.rid = run_id(run_dir)
-        self.ctl = sr.Control.open(sr.ctl_path(self.rid), wait_s=10.0)
+        self.ctl = sc.Control.open(sf.ctl_path(self.rid), wait_s=10.0)
         self.events = EventLog(run_dir, rank=None, attempt=0)
         self.replica: ShadowReplica | None = None
         self.ring: sr.GradRing | None = None
@@ -140,15 +140,15 @@ class Shadow:
     # ---- the loop ---------------------------------------------------------------------------------------------
     def run(self) -> None:
         ctl = self.ctl
-        ctl[sr.STATE] = sr.EMPTY
+        ctl[sc.STATE] = sc.EMPTY
         self.events.emit(STARTED, pid=os.getpid(), threads=torch.get_num_threads())
         nap = self.poll_s
         while True:
-            seq = ctl[sr.REQ_SEQ]
-            if seq != ctl[sr.RESP_SEQ] and seq != self.pending_digest:
+            seq = ctl[sc.REQ_SEQ]
+            if seq != ctl[sc.RESP_SEQ] and seq != self.pending_digest:
                 self.pending_digest = 0  # a newer request: whoever waited for the digest is gone
-                kind = ctl[sr.REQ_KIND]
-                if kind == sr.STOP:
+                kind = ctl[sc.REQ_KIND]
+                if kind == sc.STOP:
                     self._answer(0, 0, 0)
                     break
                 self._handle(kind)
@@ -163,57 +163,57 @@ class Shadow:
             nap = min(nap * 2, 0.005)
         self._report(force=True)
         self.events.emit(STOPPED, step=self.replica.step if self.replica else 0, applied=self.applied)
-        ctl[sr.STATE] = sr.STOPPED
+        ctl[sc.STATE] = sc.STOPPED
 
     def _handle(self, kind: int) -> None:
         ctl, t0 = self.ctl, time.monotonic_ns()
         try:
-            if kind == sr.INIT:
-                self._init(ctl[sr.REQ_GEN], ctl[sr.REQ_WORLD], ctl[sr.REQ_STEP])
+            if kind == sc.INIT:
+                self._init(ctl[sc.REQ_GEN], ctl[sc.REQ_WORLD], ctl[sc.REQ_STEP])
                 self._answer(self.replica.step, 0, time.monotonic_ns() - t0)
-            elif kind == sr.SETTLE:
+            elif kind == sc.SETTLE:
                 step, nbytes, drained = self._settle()
                 self._answer(step, nbytes, time.monotonic_ns() - t0)
                 self.events.emit(SETTLED, step=step, drained=drained, bytes=nbytes,
                                  duration_s=(time.monotonic_ns() - t0) / 1e9)
-            elif kind == sr.ADOPT:
-                self._adopt(ctl[sr.REQ_GEN], ctl[sr.REQ_WORLD])
+            elif kind == sc.ADOPT:
+                self._adopt(ctl[sc.REQ_GEN], ctl[sc.REQ_WORLD])
                 self._answer(self.replica.step, 0, time.monotonic_ns() - t0)
-            elif kind == sr.DIGEST_AT:
-                self.pending_digest = ctl[sr.REQ_SEQ]  # answered once the step is applied (_digest_ready)
+            elif kind == sc.DIGEST_AT:
+                self.pending_digest = ctl[sc.REQ_SEQ]  # answered once the step is applied (_digest_ready)
                 self._digest_t0 = t0
             else:
                 raise ValueError(f"unknown request {kind}")
         except Exception as exc:
             traceback.print_exc()
             ctl.message = f"{type(exc).__name__}: {exc}"
-            ctl[sr.RESP_STATUS] = 1
-            ctl[sr.RESP_SEQ] = ctl[sr.REQ_SEQ]
+            ctl[sc.RESP_STATUS] = 1
+            ctl[sc.RESP_SEQ] = ctl[sc.REQ_SEQ]
 
     def _answer(self, step: int, nbytes: int, ns: int) -> None:
         ctl = self.ctl
-        ctl[sr.RESP_STEP], ctl[sr.RESP_BYTES], ctl[sr.RESP_NS], ctl[sr.RESP_STATUS] = step, nbytes, ns, 0
-        ctl[sr.RESP_SEQ] = ctl[sr.REQ_SEQ]
+        ctl[sc.RESP_STEP], ctl[sc.RESP_BYTES], ctl[sc.RESP_NS], ctl[sc.RESP_STATUS] = step, nbytes, ns, 0
+        ctl[sc.RESP_SEQ] = ctl[sc.REQ_SEQ]
 
     # ---- requests -----------------------------------------------------------------------------------------------
     def _init(self, gen: int, world: int, step: int) -> None:
         """Rank 0's state of ``step`` (after a fresh start, or a load from elsewhere) replaces whatever was held."""
-        found = sr.read_state(sr.init_path(self.rid))
+        found = sf.read_state(sf.init_path(self.rid))
         if found is None or found[0] != step:
-            raise ValueError(f"no intact initial state of step {step} at {sr.init_path(self.rid)}")
+            raise ValueError(f"no intact initial state of step {step} at {sf.init_path(self.rid)}")
         self.replica = ShadowReplica(found[1])
         del found
         self._open_ring()
         self._adopt(gen, world)
-        self.ctl[sr.STATE] = sr.HOLDING
+        self.ctl[sc.STATE] = sc.HOLDING
 
     def _open_ring(self) -> None:
         layout = sr.Layout.of(self.replica.params)
         if self.ring is not None:
             self.ring.close()
-        self.ring = sr.GradRing.open(sr.ring_path(self.rid), layout)
+        self.ring = sr.GradRing.open(sf.ring_path(self.rid), layout)
         if self.ring is None:
-            raise ValueError(f"no gradient ring for this model at {sr.ring_path(self.rid)}")
+            raise ValueError(f"no gradient ring for this model at {sf.ring_path(self.rid)}")
 
     def _adopt(self, gen: int, world: int) -> None:
         """From now on apply the steps of generation ``gen`` of ``world`` ranks, from the step held."""
@@ -221,8 +221,8 @@ class Shadow:
             raise ValueError("holds no state to go on from")
         self.gen, self.world, self.base = gen, world, self.replica.step
         self.events.attempt = gen
-        self.ctl[sr.GEN], self.ctl[sr.WORLD] = gen, world
-        self.ctl[sr.APPLIED] = self.replica.step
+        self.ctl[sc.GEN], self.ctl[sc.WORLD] = gen, world
+        self.ctl[sc.APPLIED] = self.replica.step
         if self.ring is None:
             self._open_ring()
 
@@ -235,12 +235,12 @@ class Shadow:
         while self._apply_next():
             drained += 1
         self._report(force=True)
-        nbytes = sr.write_state(sr.dump_path(self.rid), self.replica.step, self.gen, self.replica.state())
+        nbytes = sf.write_state(sf.dump_path(self.rid), self.replica.step, self.gen, self.replica.state())
         return self.replica.step, nbytes, drained
 
     def _digest_ready(self) -> bool:
         ctl = self.ctl
-        if self.replica is None or self.replica.step < ctl[sr.REQ_STEP]:
+        if self.replica is None or self.replica.step < ctl[sc.REQ_STEP]:
             return False
         self.pending_digest = 0
         ctl.set_digest(self.replica.digest())
@@ -275,10 +275,10 @@ class Shadow:
         if not self.ring.still(slot):  # overwritten while read: never, while rank 0 waits for this step's apply
             raise RuntimeError(f"the slot of step {step} was overwritten while it was applied")
         done = time.monotonic_ns()
-        self.ctl[sr.APPLIED_NS] = done
-        self.ctl[sr.APPLIED] = step
+        self.ctl[sc.APPLIED_NS] = done
+        self.ctl[sc.APPLIED] = step
         self.applied += 1
-        self._window.append(((done - slot.commit_ns) / 1e9, (done - t0) / 1e9, self.ctl[sr.PUBLISHED] - step))
+        self._window.append(((done - slot.commit_ns) / 1e9, (done - t0) / 1e9, self.ctl[sc.PUBLISHED] - step))
         self._report()
         return True
 
@@ -312,7 +312,7 @@ def main(argv: list[str]) -> None:
     except BaseException as exc:
         traceback.print_exc()
         shadow.ctl.message = f"{type(exc).__name__}: {exc}"[:500]
-        shadow.ctl[sr.STATE] = sr.FAILED
+        shadow.ctl[sc.STATE] = sc.FAILED
         raise
     finally:
         shadow.close()

@@ -32,6 +32,7 @@ from resilience.settings.identity import RunIdentity, job_first_attempt
 from resilience.config import on_this_node
 from resilience.roles import build_roles
 from resilience.runtime.rank import RankRuntime
+from resilience.rank.process import configure_determinism, redirect_output
 from resilience.rank.spare import SPARE_ENV, Prepared, wait_as_spare
 from resilience.state import uninitialised
 from resilience.state.train import TrainState
@@ -40,28 +41,6 @@ from resilience.ckpt.replica_transfer import NothingToRecover
 from resilience.rank.trainer import Trainer
 from resilience.data import fork_server
 from resilience.proc.started import process_started_wall
-
-
-def configure_determinism(device: torch.device, threads: int) -> None:
-    """Settings that make a step bit-reproducible on one machine (documented in the README)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS reductions
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(threads)  # CPU kernels split work by thread count: keep it fixed per rank
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-
-
-def redirect_output(run_dir: Path, name: str, header: str) -> None:
-    """Send this process's stderr (tracebacks, library warnings) to ``logs/<name>.log``; stdout stays on the
-    console."""
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(exist_ok=True)
-    fd = os.open(log_dir / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 2)
-    os.close(fd)
-    print(f"=== {header} pid {os.getpid()} ===", file=sys.stderr, flush=True)
 
 
 def agreed_attempt(local: int, device: torch.device) -> int:
@@ -205,6 +184,6 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m resilience.rank RUN_DIR/config.yaml")
     # torchrun across nodes: the prepared config says ``auto`` and this node decides (resilience.config)
     cfg = on_this_node(OmegaConf.load(argv[1]), local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    prepared = wait_as_spare(cfg, configure_determinism, redirect_output) if SPARE_ENV in os.environ else None
+    prepared = wait_as_spare(cfg) if SPARE_ENV in os.environ else None
     run_rank(cfg, prepared)
 

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from resilience.rank.group import STORE_ENV
 from resilience.rank.orphan import die_with_parent
+from resilience.rank.process import configure_determinism, redirect_output
 from resilience.roles import Roles, build_roles
 
 SPARE_ENV = "RB_SPARE"  # the spare's number; absent in a rank process started for a rank
@@ -41,13 +42,11 @@ class Prepared:
     optimizer: torch.optim.Optimizer | None
 
 
-def wait_as_spare(cfg: DictConfig, configure, redirect) -> Prepared:
-    """Prepare everything that does not depend on the rank, wait to be assigned one, set the rank's environment.
-
-    ``configure(device, threads)`` and ``redirect(run_dir, name, header)`` are the rank process's own set-up."""
+def wait_as_spare(cfg: DictConfig) -> Prepared:
+    """Prepare everything that does not depend on the rank, wait to be assigned one, set the rank's environment."""
     spare = int(os.environ[SPARE_ENV])
-    redirect(Path(cfg.run_dir), f"spare{spare}", f"spare {spare}")
-    configure(torch.device("cpu"), int(cfg.threads_per_rank))
+    redirect_output(Path(cfg.run_dir), f"spare{spare}", f"spare {spare}")
+    configure_determinism(torch.device("cpu"), int(cfg.threads_per_rank))
     importlib.import_module("torch._dynamo")  # DDP's constructor imports it: pay for it now, not in the recovery
 
     roles = build_roles(cfg)

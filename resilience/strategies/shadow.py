@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from resilience.caps import StrategyCaps
-from resilience.ckpt import node_memory, shadow_ring as sr, shm_store
+from resilience.ckpt import node_memory, shadow_control as sc, shadow_files as sf, shadow_ring as sr, shm_store
 from resilience.ckpt.shadow_apply import init_state
 from resilience.record import catalogue
 from resilience.runtime.rank import RankRuntime
@@ -88,11 +88,11 @@ class ShadowService:
     def __init__(self, world_size: int, report_every: int, poll_s: float, stop_s: float) -> None:
         self.world_size, self.report_every, self.poll_s, self.stop_s = world_size, report_every, poll_s, stop_s
         self.proc: subprocess.Popen | None = None
-        self.ctl: sr.Control | None = None
+        self.ctl: sc.Control | None = None
 
     def start(self, run_id: str, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self.ctl = sr.Control.create(sr.ctl_path(shm_store.run_id(self.run_dir)), self.world_size)
+        self.ctl = sc.Control.create(sf.ctl_path(shm_store.run_id(self.run_dir)), self.world_size)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -103,15 +103,15 @@ class ShadowService:
                 [sys.executable, "-m", "resilience.ckpt.shadow_apply", str(self.run_dir),
                  "--report-every", str(self.report_every), "--poll-s", str(self.poll_s)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.ctl[sr.STATE] = sr.STARTING
-        self.ctl[sr.PID] = self.proc.pid
+        self.ctl[sc.STATE] = sc.STARTING
+        self.ctl[sc.PID] = self.proc.pid
 
     def before_restart(self) -> None:
         """A shadow that died is started anew, empty: the restart then goes on from step 0 (``shadow_fallback``)."""
         if self.proc is not None and self.proc.poll() is not None:
             ctl = self.ctl
-            ctl[sr.APPLIED], ctl[sr.GEN], ctl[sr.RESP_STATUS] = -1, -1, 0
-            ctl[sr.RESP_SEQ] = ctl[sr.REQ_SEQ]
+            ctl[sc.APPLIED], ctl[sc.GEN], ctl[sc.RESP_STATUS] = -1, -1, 0
+            ctl[sc.RESP_SEQ] = ctl[sc.REQ_SEQ]
             ctl.message = ""
             self._spawn()
 
@@ -119,9 +119,9 @@ class ShadowService:
         proc, ctl = self.proc, self.ctl
         if proc is not None and proc.poll() is None:
             try:
-                ctl.request(sr.STOP, timeout_s=self.stop_s)
+                ctl.request(sc.STOP, timeout_s=self.stop_s)
                 proc.wait(timeout=self.stop_s)
-            except (sr.ShadowGone, subprocess.TimeoutExpired):
+            except (sc.ShadowGone, subprocess.TimeoutExpired):
                 proc.kill()
                 proc.wait()
         if ctl is not None:
@@ -153,7 +153,7 @@ class ShadowCheckpoint(CheckpointStrategy):
         self.report_every = require_int("strategy.report_every", report_every, 1)
         self.verify_end = require_bool("strategy.verify_end", verify_end)
         self.world_size = require_int("strategy.world_size", world_size, 1)
-        self.ctl: sr.Control | None = None
+        self.ctl: sc.Control | None = None
         self.ring: sr.GradRing | None = None
         self._hook: Any = None
         self._captured: tuple[list[torch.Tensor | None], list[dict[str, Any]]] | None = None
@@ -191,7 +191,7 @@ class ShadowCheckpoint(CheckpointStrategy):
                              "is not the GPU's (untested, not bit-exact); use device=cpu")
         self.rid = shm_store.run_id(rt.run_dir)
         if self.ctl is None:
-            self.ctl = sr.Control.open(sr.ctl_path(self.rid), wait_s=CONNECT_WAIT_S)
+            self.ctl = sc.Control.open(sf.ctl_path(self.rid), wait_s=CONNECT_WAIT_S)
         self.gen = rt.attempt
 
     # ---- load -------------------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ class ShadowCheckpoint(CheckpointStrategy):
 
     def _settle(self) -> list[Any]:
         """Rank 0: the shadow applies what is complete and dumps its state; [step, None], or [None, why not]."""
-        got, nbytes, _ = self.ctl.request(sr.SETTLE, timeout_s=self.timeout_s, poll_s=self.poll_s)
+        got, nbytes, _ = self.ctl.request(sc.SETTLE, timeout_s=self.timeout_s, poll_s=self.poll_s)
         bound = self.rt.load_max_step
         if got <= 0:
             return [None, "the shadow holds no state (a restarted shadow, or none applied yet)"
@@ -241,20 +241,20 @@ class ShadowCheckpoint(CheckpointStrategy):
     def _read(self, state: TrainState, step: int) -> tuple[dict[str, Any], str | None]:
         """Everything this rank loads, read and checked before any of it is written into the state."""
         rt, m = self.rt, self.slots + 1
-        dumped = sr.read_state(sr.dump_path(self.rid))
+        dumped = sf.read_state(sf.dump_path(self.rid))
         if dumped is None or dumped[0] != step:
-            return {}, f"no intact dump of step {step} in {sr.dump_path(self.rid).name}"
+            return {}, f"no intact dump of step {step} in {sf.dump_path(self.rid).name}"
         _, replica, nbytes = dumped
         params = _params(state.optimizer)
         if len(replica["params"]) != len(params) or any(
                 a.shape != b.shape or a.dtype != b.dtype for a, b in zip(replica["params"], params)):
             return {}, "the shadow's parameters are not this model's"
-        job = sr.get_parts(sr.parts_path(self.rid, 0, step % m), step)
+        job = sf.get_parts(sf.parts_path(self.rid, 0, step % m), step)
         if job is None:
             return {}, f"rank 0's parts of step {step} are missing"
         own = job if rt.rank == 0 else None
         if state.parts.per_rank and rt.rank != 0:
-            own = sr.get_parts(sr.parts_path(self.rid, rt.rank, step % m), step)
+            own = sf.get_parts(sf.parts_path(self.rid, rt.rank, step % m), step)
             if own is None:
                 return {}, f"its own parts ({', '.join(state.parts.per_rank)}) of step {step} are missing"
         nbytes += job[1] + (own[1] if own is not None and rt.rank != 0 else 0)
@@ -293,16 +293,16 @@ class ShadowCheckpoint(CheckpointStrategy):
         if self.ring is None or self.ring.layout != layout:
             if self.ring is not None:
                 self.ring.close()
-            self.ring = sr.GradRing.create(sr.ring_path(self.rid), layout, self.slots)
+            self.ring = sr.GradRing.create(sf.ring_path(self.rid), layout, self.slots)
         if self._adopt_at == step:
-            self.ctl.request(sr.ADOPT, gen=self.gen, world=rt.world_size, timeout_s=self.timeout_s,
+            self.ctl.request(sc.ADOPT, gen=self.gen, world=rt.world_size, timeout_s=self.timeout_s,
                              poll_s=self.poll_s)
         else:
             t0 = time.monotonic()
-            nbytes = sr.write_state(sr.init_path(self.rid), step, self.gen, init_state(opt, step))
-            self.ctl.request(sr.INIT, gen=self.gen, world=rt.world_size, step=step, timeout_s=self.timeout_s,
+            nbytes = sf.write_state(sf.init_path(self.rid), step, self.gen, init_state(opt, step))
+            self.ctl.request(sc.INIT, gen=self.gen, world=rt.world_size, step=step, timeout_s=self.timeout_s,
                              poll_s=self.poll_s)
-            os.unlink(sr.init_path(self.rid))  # read: its memory back
+            os.unlink(sf.init_path(self.rid))  # read: its memory back
             rt.events.emit(SHADOW_INIT, step=step, bytes=nbytes, duration_s=time.monotonic() - t0)
         if self._hook is None:
             self._hook = opt.register_step_post_hook(self._keep)
@@ -317,7 +317,7 @@ class ShadowCheckpoint(CheckpointStrategy):
     # ---- every step -------------------------------------------------------------------------------------------
     def _save(self, step: int, state: TrainState) -> None:
         rt, ctl = self.rt, self.ctl
-        waited = ctl.wait(lambda: ctl[sr.APPLIED] >= step - self.slots, self.timeout_s, self.poll_s,
+        waited = ctl.wait(lambda: ctl[sc.APPLIED] >= step - self.slots, self.timeout_s, self.poll_s,
                           f"to apply step {step - self.slots} (rank {rt.rank} at step {step})")
         t0 = time.monotonic()
         nbytes = 0
@@ -328,11 +328,11 @@ class ShadowCheckpoint(CheckpointStrategy):
                                 protocol=pickle.HIGHEST_PROTOCOL)
             nbytes += self.ring.write(step, self.gen, grads, meta,
                                       before_commit=lambda: rt.fault_hook("during_checkpoint", step))
-            ctl[sr.PUBLISHED] = step
+            ctl[sc.PUBLISHED] = step
             del captured, grads
         parts = self._parts(state)
         if parts is not None:
-            nbytes += sr.put_parts(sr.parts_path(self.rid, rt.rank, step % (self.slots + 1)), step, self.gen, parts)
+            nbytes += sf.put_parts(sf.parts_path(self.rid, rt.rank, step % (self.slots + 1)), step, self.gen, parts)
         if rt.rank != 0:
             rt.fault_hook("during_checkpoint", step)
         ctl.mark(rt.rank, self.gen, step)
@@ -357,10 +357,10 @@ class ShadowCheckpoint(CheckpointStrategy):
             return
         opt = self._optimizer
         t0 = time.monotonic()
-        self.ctl.request(sr.DIGEST_AT, step=self._published, timeout_s=self.timeout_s, poll_s=self.poll_s)
+        self.ctl.request(sc.DIGEST_AT, step=self._published, timeout_s=self.timeout_s, poll_s=self.poll_s)
         caught_up = time.monotonic() - t0
         theirs = self.ctl.digest()
-        mine = sr.replica_digest(_params(opt), opt.state_dict()["state"])
+        mine = sf.replica_digest(_params(opt), opt.state_dict()["state"])
         rt.events.emit(SHADOW_VERIFIED, step=self._published, matches=mine == theirs, sha256=mine,
                        shadow_sha256=theirs, caught_up_s=caught_up, fsync=True)
         if mine != theirs:
