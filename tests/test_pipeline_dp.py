@@ -91,6 +91,26 @@ def test_the_replicated_pipeline_combinations_pass(tmp_path, overrides):
     checked(tmp_path, ("parallel=pp_dp", "world_size=4", *overrides))
 
 
+def test_a_stage_with_no_replica_at_the_newest_step_is_one_line_that_ends_the_run(tmp_path):
+    """The heal's source per stage (every rank computes every rank's from the same positions): a stage whose replicas
+    were all lost, or are a step behind the others, is ``ReplicasLost``, whose line the supervisor ends the run with."""
+    from resilience.ckpt.replica_transfer import ReplicasLost, _source
+    from resilience.record.events import EventLog
+    from resilience.supervise.replacing import refusal as said
+
+    stages = [0, 0, 1, 1]
+    assert [_source(r, [7, 7, 7, -2], stages, 7, "stage") for r in range(4)] == [0, 0, 2, 2]  # rank 3 from its twin
+    with pytest.raises(ReplicasLost, match=r"^replica: stage 0 was lost \(every replica of it\); no rank holds its "
+                                           r"state of step 5"):
+        _source(1, [-2, -2, 5, 5], stages, 5, "stage")
+    with pytest.raises(ReplicasLost, match="stage 1 is at step 7, not with the others at 8"):
+        _source(3, [8, 8, 7, -2], stages, 8, "stage")
+    log = EventLog(tmp_path, 0, 1)
+    log.emit("rank_error", error="ReplicasLost: replica: stage 0 was lost (every replica of it); ...")
+    log.close()
+    assert said(tmp_path, [0]) == "replica: stage 0 was lost (every replica of it); ..."
+
+
 # End to end: gpt_tiny's 5 blocks as 3 | 2, two pipelines (4 ranks), 4 micro-batches of 2 samples, 12 steps.
 PP_DP = ("parallel=pp_dp", "world_size=4", "workload=gpt_tiny", "steps=12", "seed=0", "detector=[process_exit]")
 

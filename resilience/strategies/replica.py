@@ -236,8 +236,9 @@ class ReplicaRecovery(CheckpointStrategy):
                        rejoin_s=t_joined - t0, duration_s=time.monotonic() - t0, stage=self._stage(),
                        regroup_s=t_regrouped - t_joined)
         if rt.rank == 0:
+            whose = "state" if self._stage() is None else f"stage {self._stage()}'s state"
             print(f"[rank 0 attempt {rt.group.generation}] rejoined the group at step {done.position} "
-                  f"(state from rank {done.source})", flush=True)
+                  f"({whose} from rank {done.source})", flush=True)
         return done.position
 
 
