@@ -67,6 +67,9 @@ class StrategyCaps(Caps):
     # only a lost pipeline stage restarts: from its own checkpoint, replaying the steps since from its neighbours'
     # logs of what they sent it (Swift's logging); the other stages keep their state (``parallel=pp``)
     replays_stage: bool = False
+    # a lost pipeline stage is healed from the same stage of another pipeline, its twin (``parallel=pp_dp``); the
+    # other ranks keep their processes and state
+    heals_stages: bool = False
     # why a restore from its checkpoints is not the saved state bit for bit, by design (quantized rows); None: it is.
     # Its loads then say so (``ckpt_loaded_inexact``), and a run that restored one is not held to the bit-exact check
     # against the fault-free run (``result.json``'s ``bit_exact``: "not by design: ..."); a run without a restore is.

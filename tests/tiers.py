@@ -29,6 +29,13 @@ LONG: dict[str, str] = {
         "CI keeps the kill's run compared with the fault-free one",
     "tests/test_pipeline_dp.py::test_a_stages_replicas_average_its_gradients_summed_in_rank_order":
         "CI keeps the ordered reduction on 4 ranks (tests/test_reduce.py), whose sum it shares",
+    # replica's heal of a stage from its twin: CI keeps the last stage's kill before the forward pass
+    "tests/test_pipeline_dp.py::test_a_killed_stage_alone_is_replaced_and_healed_from_its_twin_bit_exact"
+    "[rank1-before_forward]": "killed stage sweep",
+    "tests/test_pipeline_dp.py::test_a_killed_stage_alone_is_replaced_and_healed_from_its_twin_bit_exact"
+    "[rank3-before_optimizer_step]": "kill phase sweep",
+    "tests/test_pipeline_dp.py::test_both_replicas_of_a_stage_lost_end_the_run_unrecoverable_saying_which":
+        "fault sweep (tests/test_replica.py keeps every replica lost in CI)",
     # Swift's replay of one stage from its neighbour's log: CI keeps 1F1B trained and replayed, part of the log spilled
     "tests/test_boundary_log.py::test_each_stage_replayed_alone_from_its_neighbours_log_ends_on_its_fault_free_state"
     "[gpipe-trained-1f1b-replayed-on-disk]": "schedule and spill sweep",

@@ -16,7 +16,9 @@ The bytes are copied, never converted: the healed state is bit-identical to the 
 transfer.
 
 Under HSDP (``replica_shards``) a rank holds one shard of the state, and only the ranks holding the same shard in
-other replica groups are its replicas: each rank behind takes its shard from such a rank, as local tensors.
+other replica groups are its replicas: each rank behind takes its shard from such a rank, as local tensors. Under
+``parallel=pp_dp`` a rank holds one pipeline stage, and its replicas are the ranks holding the same stage in the
+other pipelines (``stage``): each rank behind takes its stage from its twin, as a whole model's state.
 """
 
 from __future__ import annotations
@@ -41,13 +43,21 @@ class NothingToRecover(RuntimeError):
     """The state to recover exists on no rank: the rank exits with ``NOTHING_TO_RECOVER_EXIT``."""
 
 
-def reconcile(state: TrainState, position: int | None, device: torch.device, empty: bool = False) -> Reconciled:
+class ReplicasLost(NothingToRecover):
+    """Every replica of one part of the state (a shard, a pipeline stage) was lost while the others live: the one
+    line says which part and step (the supervisor's ``unrecoverable`` reason)."""
+
+
+def reconcile(state: TrainState, position: int | None, device: torch.device, empty: bool = False,
+              stage: int | None = None) -> Reconciled:
     """Make every rank hold the most advanced replica's state (collective), with the pipelined transfer: each rank
     behind takes its shard (DDP: the whole state) from a rank that holds the same shard at the newest position.
-    ``empty``: this rank (position None) was built uninitialised and receives even at position 0."""
+    ``empty``: this rank (position None) was built uninitialised and receives even at position 0. ``stage``: the
+    pipeline stage this rank holds (``pp_dp``), its replicas the ranks holding the same stage."""
     rank, world = dist.get_rank(), dist.get_world_size()
     everyone = torch.empty(2 * world, dtype=torch.int64, device=device)
-    mine = [(-2 if empty else -1) if position is None else position, shard_key(_bare(state))]
+    mine = [(-2 if empty else -1) if position is None else position,
+            shard_key(_bare(state)) if stage is None else stage]
     all_gather_single(everyone, torch.tensor(mine, dtype=torch.int64, device=device))
     at, key = everyone.tolist()[0::2], everyone.tolist()[1::2]  # -1: a replacement holding nothing; -2: built empty
     best = max(at)
@@ -56,7 +66,7 @@ def reconcile(state: TrainState, position: int | None, device: torch.device, emp
                                "a strategy that checkpoints is needed to recover from this")
     # At position 0 nobody has stepped: every rank built the same initial state from the seed (but one built empty).
     behind = [r for r, p in enumerate(at) if p != best] if best > 0 else [r for r, p in enumerate(at) if p == -2]
-    source = {r: _source(r, at, key, best) for r in range(world)}
+    source = {r: _source(r, at, key, best, "shard" if stage is None else "stage") for r in range(world)}
     t0, nbytes = time.monotonic(), 0
     for dst in behind:
         if rank == source[dst]:
@@ -66,13 +76,17 @@ def reconcile(state: TrainState, position: int | None, device: torch.device, emp
     return Reconciled(best, source[rank], rank in behind, nbytes, time.monotonic() - t0 if nbytes else 0.0)
 
 
-def _source(rank: int, at: list[int], key: list[int], best: int) -> int:
-    """The first rank holding ``rank``'s shard at position ``best`` (DDP: the first rank there, for every rank)."""
+def _source(rank: int, at: list[int], key: list[int], best: int, part: str) -> int:
+    """The first rank holding ``rank``'s ``part`` (a shard, a stage) at position ``best`` (DDP: the first rank
+    there, for every rank). None there: every rank says so alike (``ReplicasLost``), since each computes every
+    rank's source from the same gathered positions."""
     holders = [r for r in range(len(at)) if key[r] == key[rank] and at[r] == best]
-    if not holders:
-        raise RuntimeError(f"replica: no rank holds shard {key[rank]} at step {best} (its replicas were lost or "
-                           f"are behind); a strategy that checkpoints is needed to recover from this")
-    return holders[0]
+    if holders:
+        return holders[0]
+    kept = sorted({p for p, k in zip(at, key) if k == key[rank] and p >= 0})
+    why = f"is at step {kept[-1]}, not with the others at {best}" if kept else "was lost (every replica of it)"
+    raise ReplicasLost(f"replica: {part} {key[rank]} {why}; no rank holds its state of step {best}, and a strategy "
+                       f"that checkpoints is needed to recover from this")
 
 
 def buckets(slots: list[_Slot]) -> list[list[int]]:

@@ -26,6 +26,18 @@ def from_a_replica(caps: StrategyCaps) -> bool:
     return (caps.recovers_in_place and not caps.replays_stage) or caps.writes_at_failure
 
 
+TWIN_ONLY = (
+    "heals a lost stage from its twin only with a strategy built for it (replica, waiting for the replacement: "
+    "strategy.while_replacing=wait)")
+
+
+def no_twin(c: Combination, caps: StrategyCaps) -> bool:
+    """Whether ``caps``' strategy takes a lost rank's state from a replica that this pipeline does not give it:
+    under ``pp`` no stage has one; under ``pp_dp`` each stage has one in every other pipeline, and only a strategy
+    that heals a stage from it (``heals_stages``: replica's wait mode) is built for it."""
+    return from_a_replica(caps) and not (c.parallel.pipelines > 1 and caps.heals_stages)
+
+
 def one_pipeline_of_two(c: Combination) -> bool:
     """Where swift_log replays a lost stage: one pipeline of 2 stages (its survivor agrees alone on the last step)."""
     return one_pipeline(c) and c.parallel.stages == 2
@@ -70,11 +82,12 @@ PIPELINE_RULES: list[Rule] = [
                    f"{c.set('parallel')}; use {c.instead('strategy', lambda s: s.saves_stages)}"),
     Rule("stages_restart_together", ("parallel", "strategy"),
          "A pipeline, with a strategy that takes a lost rank's state from a live replica (in place, or written at the "
-         "failure): pp holds each stage once, and pp_dp heals no stage from its replica yet.",
-         lambda c: pipelined(c) and from_a_replica(c.strategy),
+         "failure): pp holds each stage once; pp_dp heals a stage from its twin in another pipeline only with a "
+         "strategy built for it (replica, waiting for the replacement).",
+         lambda c: pipelined(c) and no_twin(c, c.strategy),
          lambda c: f"{c.set('strategy')}: takes a lost rank's state from a live replica, and {c.set('parallel')} "
-                   f"{'holds each stage once' if c.parallel.pipelines == 1 else 'heals no stage from its replica yet'}"
-                   f"; use {c.instead('strategy', lambda s: not from_a_replica(s))}"),
+                   f"{'holds each stage once' if c.parallel.pipelines == 1 else TWIN_ONLY}; use "
+                   f"{c.instead('strategy', lambda s: not no_twin(c, s))}"),
     Rule("a_stage_to_replay", ("parallel", "strategy"),
          "A strategy that replays a lost pipeline stage from its neighbours' logs, without one pipeline of 2 stages "
          "(more stages need the survivors' agreement and a group replay; replicas a heal from the stage's replica).",

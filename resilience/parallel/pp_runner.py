@@ -54,6 +54,20 @@ class PipelineRunner:
         kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[self.schedule_name]
         self.schedule = kind(self.stage, n_microbatches=self.n, loss_fn=workload.loss_fn, scale_grads=True)
 
+    def release(self) -> None:
+        """Let go of the stage and its schedule, and of ``pp_dp``'s groups (``StepRunner``): with nothing left
+        referring to the broken groups their sockets close, which frees a peer still blocked in one of them."""
+        self.stage = self.schedule = None
+        if self.layout.groups is not None:
+            self.layout.groups.drop()
+
+    def regroup(self) -> None:
+        """In the re-formed world: ``pp_dp``'s groups formed again (every rank, in ``group_order``), then the stage
+        and its schedule over them (``StepRunner``; one pipeline: over the world's group)."""
+        if self.layout.groups is not None:
+            self.layout.groups.form()
+        self.reset()
+
     def make_stage(self, *args: Any, **kwargs: Any) -> PipelineStage:
         """torch's stage over the rank's module (``PipelineStage``'s arguments); a logging one with a log."""
         if self.log is None:

@@ -142,7 +142,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ckpt_memory_corrupt", ("source", "area"), "a snapshot in memory failed its checksum"),
     ("peer_library", ("library", "version", "settings", "patches"), "the library a peer strategy runs"),
     ("replica_mode", ("while_replacing",), "strategy=replica: how survivors behave while a rank is replaced"),
-    ("replica_heal", ("source", "transfer_s", "bytes", "heal_s"), "a replacement took a replica's state"),
+    ("replica_heal", ("source", "transfer_s", "bytes", "heal_s"), "a replacement took a replica's state (under "
+     "parallel=pp_dp its `stage`'s, from its twin)"),
     ("peer_lost", ("error",), "a collective failed: a replica peer is gone"),
     ("handover", ("leaving", "replace_timeout_s"), "fault=drain: a staying rank waits at the end of `step` for "
      "the spares of the ranks `leaving` their node, to heal them"),
@@ -150,7 +151,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "survivors train on in a smaller group while the lost ranks are replaced"),
     ("replacement_too_slow", ("waited_s",), "no replacement came within the deadline: this survivor gives up"),
     ("rejoined", ("generation", "from_step", "source", "received", "bytes", "rejoin_s", "duration_s"),
-     "a survivor is back in the full group with the replacement"),
+     "a survivor is back in the full group with the replacement (under parallel=pp_dp with its `stage` and "
+     "`regroup_s`: its pipeline's and stage's groups and its schedule formed again)"),
     ("log_discarded", ("dropped", "held_bytes", "spilled_bytes", "entries"), "strategy=swift_log: the checkpoint of "
      "`step` is committed; the stage's log entries before it were dropped, what it holds now"),
     ("stage_loaded", ("bytes", "duration_s"), "strategy=swift_log: a replaced stage loaded its own state of `step` "

@@ -1,6 +1,7 @@
 """What pipeline parallelism shares with the rest of a rank (``parallel=pp``, ``pp_dp``; docs/pipeline_parallel.md).
 
-``Layout``: which stage of which pipeline a rank holds, and its groups (``make_layout`` forms them). ``global_norm``:
+``Layout``: which stage of which pipeline a rank holds, and its groups (``make_layout`` forms them, ``StageGroups``
+forms them again in place after the world's group is re-formed by a replica heal). ``global_norm``:
 the gradients' norm over every stage (a stage's own norm would clip or judge each stage by a different number).
 ``combined_sha256``: the final state hash over every stage, the same on every rank. ``StepRunner``: what runs a
 step's micro-batches in place of the loop's own forward and backward.
@@ -18,6 +19,28 @@ import torch
 import torch.distributed as dist
 
 
+class StageGroups:
+    """This rank's two groups under ``pp_dp``: its pipeline's and its stage's data-parallel one. ``form`` forms every
+    group of the world (``new_group`` is collective over it) in ``group_order``'s order, and is called again on a
+    survivor after the world's group is re-formed with a replacement (``strategy=replica``), so that every holder of
+    the layout (the runner, the detectors, the final hash) reads the new generation's groups; ``drop`` lets go of the
+    broken ones first (a gloo group closes its sockets only once nothing refers to it: a peer blocked on this rank
+    in the broken group is freed then)."""
+
+    def __init__(self, stage: int, replica: int, stages: int, replicas: int, timeout: timedelta | None) -> None:
+        self.stage, self.replica, self.stages, self.replicas, self.timeout = stage, replica, stages, replicas, timeout
+        self.pp: dist.ProcessGroup | None = None
+        self.dp: dist.ProcessGroup | None = None
+
+    def form(self) -> None:
+        dp = replica_groups(self.stages, self.replicas, self.timeout)
+        pp = pipeline_groups(self.stages, self.replicas, self.timeout)
+        self.dp, self.pp = dp[self.stage], pp[self.replica]
+
+    def drop(self) -> None:
+        self.dp = self.pp = None
+
+
 @dataclass(frozen=True)
 class Layout:
     """Rank ``pp_ranks[stage]`` holds stage ``stage`` of ``stages`` in pipeline ``replica`` of ``replicas``."""
@@ -27,9 +50,18 @@ class Layout:
     pp_ranks: tuple[int, ...]  # the global ranks of this rank's pipeline, in stage order
     replica: int = 0
     replicas: int = 1
-    pp_group: dist.ProcessGroup | None = None  # the pipeline's group (None: the world's, one pipeline)
     dp_ranks: tuple[int, ...] = ()  # the global ranks holding this rank's stage, in replica order (pp_dp)
-    dp_group: dist.ProcessGroup | None = None  # their group: the stage's gradients are averaged over it (pp_dp)
+    groups: StageGroups | None = None  # pp_dp's groups (None: one pipeline, the world's group)
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The pipeline's group (None: the world's, one pipeline)."""
+        return None if self.groups is None else self.groups.pp
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The stage's replicas' group: the stage's gradients are averaged over it (pp_dp)."""
+        return None if self.groups is None else self.groups.dp
 
     @property
     def first(self) -> bool:
@@ -51,10 +83,10 @@ def make_layout(rank: int, world_size: int, stages: int, replicas: int = 1,
     stage, replica = divmod(rank, replicas)
     if replicas == 1:
         return Layout(stage=rank, stages=stages, pp_ranks=tuple(range(stages)))
-    dp = replica_groups(stages, replicas, timeout)
-    pp = pipeline_groups(stages, replicas, timeout)
+    groups = StageGroups(stage, replica, stages, replicas, timeout)
+    groups.form()
     return Layout(stage=stage, stages=stages, pp_ranks=pipeline_ranks(replica, stages, replicas), replica=replica,
-                  replicas=replicas, pp_group=pp[replica], dp_ranks=stage_ranks(stage, replicas), dp_group=dp[stage])
+                  replicas=replicas, dp_ranks=stage_ranks(stage, replicas), groups=groups)
 
 
 def stage_ranks(stage: int, replicas: int) -> tuple[int, ...]:
@@ -76,8 +108,7 @@ def group_order(stages: int, replicas: int) -> list[tuple[int, ...]]:
 
 
 def replica_groups(stages: int, replicas: int, timeout: timedelta | None) -> list[dist.ProcessGroup]:
-    """Each stage's data-parallel group, in stage order. Formed apart from the pipelines so that they can be
-    re-formed alone (the replica heal of the design study, docs/pipeline_parallel.md, "Not yet")."""
+    """Each stage's data-parallel group, in stage order."""
     return [dist.new_group(list(stage_ranks(s, replicas)), timeout=timeout) for s in range(stages)]
 
 
@@ -122,3 +153,10 @@ class StepRunner(Protocol):
 
     def clip_(self, params: list[torch.Tensor], max_norm: float) -> None:
         """Clip the stage's gradients to ``max_norm`` by the norm over every stage's (``global_norm``)."""
+
+    def release(self) -> None:
+        """Let go of the stage, its schedule and the pipeline's groups: the group broke (a peer was lost)."""
+
+    def regroup(self) -> None:
+        """After the world's group was re-formed: the pipeline's groups again (every rank, in one order) and the
+        stage and its schedule over them."""

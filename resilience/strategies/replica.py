@@ -29,17 +29,26 @@ Under ``parallel=hsdp`` (``wait`` only) the same happens per shard: the replacem
 holding the same shard in another replica group, and the survivors rebuild their sharded model over the re-formed
 group from their own memory (``resilience.ckpt.replica_shards``). ``parallel=fsdp`` has no replica to take a
 shard from and is refused.
+
+Under ``parallel=pp_dp`` (``wait`` only) the same happens per pipeline stage: the replacement takes its stage from
+the rank holding the same stage in another pipeline (its twin), and every survivor lets go of its stage's schedule
+and groups before the world's group is re-formed (which frees a survivor still blocked on it), then forms every
+pipeline's and stage's group again, in the one order every rank follows, and keeps its state
+(docs/pipeline_parallel.md, "replica: a lost stage healed from its twin").
 """
 
 from __future__ import annotations
 
+import gc
 import time
+import traceback
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from resilience.caps import StrategyCaps
+from resilience.runtime.pipeline import StepRunner
 from resilience.settings.checks import require_choice, require_number
 from resilience.record.events import read_events
 from resilience.state.train import TrainState
@@ -56,8 +65,9 @@ class ReplicaRecovery(CheckpointStrategy):
     # be wasted work on its critical path.
     # With while_replacing=continue the survivors train on in a group of their own.
     caps = StrategyCaps(saves=False, recovers_in_place=True, overwrites_replacement_state=True, shards_state=True,
+                        heals_stages=True,
                         when={"while_replacing=continue": {
-                            "keeps_world_group": False, "shards_state": False,
+                            "keeps_world_group": False, "shards_state": False, "heals_stages": False,
                             "sharded_refusal": "strategy.while_replacing=continue: the survivors alone cannot form "
                                                "HSDP's mesh, which while_replacing=wait keeps"}})
 
@@ -74,9 +84,17 @@ class ReplicaRecovery(CheckpointStrategy):
         self._replacing: list[int] | None = None  # at reduced width: the ranks being replaced
         self._state: TrainState | None = None
         self._held: Held | None = None  # sharded: a survivor's state while the group is re-formed
+        self._runner: StepRunner | None = None  # a pipeline stage's (pp_dp): its groups are formed again in a heal
 
     def _save(self, step: int, state: TrainState) -> None:
         raise AssertionError("replica never saves")
+
+    def attach_runner(self, runner: StepRunner | None) -> None:
+        self._runner = runner
+
+    def _stage(self) -> int | None:
+        """The pipeline stage this rank holds (its replicas hold the same one), or None: not pipelined."""
+        return None if self.rt.layout is None else self.rt.layout.stage
 
     def _load(self, state: TrainState) -> tuple[int, str, int] | None:
         rt = self.rt
@@ -85,11 +103,11 @@ class ReplicaRecovery(CheckpointStrategy):
             return None  # the first generation: every rank builds the same initial state from the seed
         # A replacement, in the group its survivors re-formed with it: take the state of a healthy replica.
         t0, built_empty = time.monotonic(), state.uninitialised
-        done = reconcile(state, None, rt.device, empty=True)
+        done = reconcile(state, None, rt.device, empty=True, stage=self._stage())
         state.uninitialised = False  # every byte is the replica's now
         rt.events.emit("replica_heal", step=done.position, source=f"replica:{done.source}",
                        transfer_s=done.transfer_s, bytes=done.nbytes, heal_s=time.monotonic() - t0,
-                       uninitialised=built_empty)
+                       uninitialised=built_empty, stage=self._stage())
         return done.position, f"replica:{done.source}", done.nbytes
 
     def recover(self, state: TrainState, position: int, error: BaseException) -> int:
@@ -127,6 +145,11 @@ class ReplicaRecovery(CheckpointStrategy):
         self._replacing = None
         if state.model is not None and is_sharded(state.model):  # let go of the broken groups before waiting
             self._held = release(state, error)
+        if self._runner is not None:  # a pipeline stage: its schedule and groups too (their sockets then close)
+            self._runner.release()
+            if error.__traceback__ is not None:  # the failed step's frames hold the schedule, and so the groups
+                traceback.clear_frames(error.__traceback__)
+            gc.collect()
         try:  # re-raises if no new generation opens: then this rank fails too
             generation = rt.group.rejoin(error, self.replace_deadline()["replace_timeout_s"])
         except TimeoutError as exc:
@@ -195,6 +218,10 @@ class ReplicaRecovery(CheckpointStrategy):
             held, self._held = self._held, None
             rebuild(state, self.rt, held)
             return
+        if self._runner is not None:  # a pipeline stage keeps its module: the groups and the schedule are new
+            self._runner.regroup()
+            state.optimizer.zero_grad(set_to_none=True)
+            return
         state.model = self.rt.wrap_model(state.model.module)  # the old DDP is bound to the broken group
         state.optimizer.zero_grad(set_to_none=True)  # a backward cut short may have left partial gradients
 
@@ -202,13 +229,16 @@ class ReplicaRecovery(CheckpointStrategy):
         """In the full group again: every rank takes the most advanced replica's state (the replacement's heal)."""
         rt = self.rt
         self._rewrap(state)
-        done = reconcile(state, position, rt.device)
+        t_regrouped = time.monotonic()
+        done = reconcile(state, position, rt.device, stage=self._stage())
         rt.events.emit("rejoined", step=done.position, generation=rt.group.generation, from_step=position,
                        source=f"replica:{done.source}", received=done.received, bytes=done.nbytes,
-                       rejoin_s=t_joined - t0, duration_s=time.monotonic() - t0)
+                       rejoin_s=t_joined - t0, duration_s=time.monotonic() - t0, stage=self._stage(),
+                       regroup_s=t_regrouped - t_joined)
         if rt.rank == 0:
+            whose = "state" if self._stage() is None else f"stage {self._stage()}'s state"
             print(f"[rank 0 attempt {rt.group.generation}] rejoined the group at step {done.position} "
-                  f"(state from rank {done.source})", flush=True)
+                  f"({whose} from rank {done.source})", flush=True)
         return done.position
 
 

@@ -207,11 +207,16 @@ class ReplacingSupervisor(Supervisor):
                 p.wait()
 
 
+# The exceptions whose one line says why a rank's recovery cannot be made (each a ``NothingToRecover``): swift_log's
+# replay that would not be exact; a shard's or a pipeline stage's every replica lost while the others live.
+REFUSALS = ("ReplayRefused", "ReplicasLost")
+
+
 def refusal(run_dir: Path, ranks: list[int]) -> str | None:
-    """The one line a rank refused its recovery with (swift_log's ``ReplayRefused``, recorded as its ``rank_error``),
-    or None."""
+    """The one line a rank refused its recovery with (one of ``REFUSALS``, recorded as its ``rank_error``), or
+    None."""
     errors = [e["error"] for e in read_events(run_dir) if e["kind"] == "rank_error" and e["rank"] in ranks]
-    refused = [e.partition(": ")[2] for e in errors if e.startswith("ReplayRefused: ")]
+    refused = [e.partition(": ")[2] for e in errors if e.partition(": ")[0] in REFUSALS]
     return refused[-1] if refused else None
 
 
