@@ -64,7 +64,10 @@ class WallStriker:
         assert fault.clock == "wall" and fault.mtbf_s is not None
         self.fault, self.run_dir, self.events, self.world_size = fault, Path(run_dir), events, world_size
         self.node_memory, self.processes = node_memory, processes
+        # only this job's records: a resumed job's clock starts at its own first step, its indices after the
+        # failures its run already holds
         self.tail = EventTail(self.run_dir / EVENTS_FILE)
+        self.first_index = sum(1 for e in self.tail.read() if e["kind"] == "fault_injected")
         self.own_pids: dict[tuple[int, int], int] = {}  # (rank, attempt) -> its run_start's pid (a preloaded
         # rank is a child of the zygote, not the process the agent started: its stub)
         self.t0: float | None = None  # rank 0's first training step's start
@@ -89,7 +92,7 @@ class WallStriker:
             for index, (offset, fault) in enumerate(arrivals(self.fault.mix, self.fault.mtbf_s, self.fault.seed)):
                 if not self._wait_for(offset):
                     return
-                self._strike(index, offset, fault)
+                self._strike(self.first_index + index, offset, fault)
         except BaseException as exc:  # noqa: BLE001 - handed to the supervisor's thread by stop()
             log.exception("the wall-clock striker failed")
             self.error = exc

@@ -179,6 +179,8 @@ def test_a_failure_in_a_recovery_strikes_the_restarting_rank_and_the_run_ends_bi
     result = run_experiment(tmp_path / "run", "strategy=sync", "fault=trace", "fault.clock=wall", *IN_A_RECOVERY,
                             "detector=[process_exit]", "recovery.max_restarts=10")
     faults = of_kind(read_events(tmp_path / "run"), "fault_injected")
-    assert [f["struck"] for f in faults] == ["training", "restarting"]
+    # restarting: the new attempt's rank was starting; on a host slow to stop the old attempt it may not have been
+    # started yet (none), and is then killed as it starts: either way the recovery starts over
+    assert faults[0]["struck"] == "training" and faults[1]["struck"] in ("restarting", "none")
     assert result["status"] == "ok" and result["final_state_sha256"] == reference["final_state_sha256"]
     assert result["attempts"] == 3  # the run, its recovery, and that recovery started over
