@@ -101,11 +101,6 @@ LONG: dict[str, str] = {
     "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]": "CI keeps sync's resume",
     "tests/test_failure_trace.py::test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_state":
         "CI keeps the kills and node losses it is made of (tests/test_recovery.py, tests/test_inmemory.py)",
-    # ~30 s: CI keeps the supervisor's strikes of a training, a restarting and a not yet started rank on real
-    # processes (tests/test_trace_wall_clock.py) and the kills and recoveries it is made of
-    "tests/test_trace_wall_clock.py::test_a_failure_in_a_recovery_strikes_the_restarting_rank"
-    "_and_the_run_ends_bit_exact":
-        "CI keeps the striker's three cases on real processes and the kills it is made of",
     "tests/test_pipeline.py::test_a_kill_during_a_save_cell_leaves_no_shared_memory_behind[nvrx_async]":
         "CI keeps dcp_async_process's, the other library that hands tensors to workers through /dev/shm",
     "tests/test_recovery.py::test_kill_and_recover_bit_exact[async-3]": "kill-step sweep",
