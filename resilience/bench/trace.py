@@ -6,7 +6,7 @@ the wall time to N steps (the first step's start to the last step's end), ETTR a
     python -m resilience.bench.trace [--strategies sync,async,inmemory] [--clock wall] [--steps 200]
                                      [--mtbf-s 4] [--mtbf-steps 40] [--seed 11] [--out results/trace]
                                      [OVERRIDE ...]
-    make trace: --clock wall --steps 1500 --mtbf-s 4 (~20 min on 2 idle cores: per technique ~60-85 failures,
+    make trace: --clock wall --steps 1400 --mtbf-s 4 (~20 min on 2 idle cores: per technique ~60-80 failures,
                 ~30-40 of them in training, the rest in recoveries)
 
 Two clocks (``--clock``, the trace runs' ``fault.clock``). **wall** (the default): failures arrive as a Poisson
