@@ -69,11 +69,14 @@ class Striker:
 
 def wait_gone(pid: int, timeout_s: float = 5.0) -> None:
     """Until process ``pid`` has stopped running (gone, or a zombie its parent has not reaped yet)."""
-    stat, deadline = Path(f"/proc/{pid}/stat"), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                return
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and running(pid):
         time.sleep(0.001)
+
+
+def running(pid: int) -> bool:
+    """Process ``pid`` exists and has not ended (a zombie has: only its parent's reaping is left)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

@@ -17,6 +17,13 @@ in a step's compute whatever the rank's threads are doing, as crashes in wall ti
 ``boundary`` strikes at the step's start, as a listed ``fault=kill`` does. The difference is what a checkpoint's
 lag of a few milliseconds races: at the boundary right after a checkpoint every such failure meets it, in wall
 time only a few milliseconds of every interval do (docs/projection.md, "The failure trace").
+
+Which clock the arrivals are on (``clock``): ``steps`` (the default) plans them by step, as above, so a failure
+strikes only in a training step, never in a recovery; ``wall`` plans them in seconds, ``mtbf_s`` apart on average,
+over the run's whole wall clock from its first training step's start, recoveries included, as real failures arrive
+and as the projection's closed form models them (``arrivals``). Those are struck from the supervisor, on whatever
+process the fault's rank has at that moment, training or restarting (``injectors.wall_striker``); the rank side of
+this injector then does nothing (``strike`` and ``mtbf_steps`` are the step clock's).
 """
 
 from __future__ import annotations
@@ -25,28 +32,47 @@ import random
 import statistics
 import time
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import replace
+from itertools import takewhile
 from typing import Any
 
 from injectors.base import Injector
 from injectors.kill import Kill
 from injectors.node_loss import NodeLoss
 from injectors.striker import Striker
-from resilience.settings.checks import require_int, require_number
+from resilience.settings.checks import require_choice, require_int, require_number
 from resilience.workloads.base import stream_seed
 
 # Table 5 of the Llama 3 report, as the projection maps it (the crash kinds): the kind's weight and its fault.
 MIXES = {"llama3": {"node_loss": 315, "kill": 91}}
 STRIKES = ("anywhere", "boundary")
+CLOCKS = ("steps", "wall")
 
 
 class Trace(Injector):
-    """Failures at seeded exponential arrivals from ``at_step`` on, kinds drawn from ``mix``; a ``Kill`` and a
-    ``NodeLoss`` with listed steps do the work."""
+    """Failures at seeded exponential arrivals, kinds drawn from ``mix``: on the step clock from ``at_step`` on, a
+    ``Kill`` and a ``NodeLoss`` with listed steps do the work; on the wall clock the supervisor strikes them."""
+
+    # the wall clock's failures are struck from our supervisor, which knows each attempt's rank processes
+    caps = replace(Injector.caps, when={**Injector.caps.when, "clock=wall": {"strikes_from_supervisor": True}})
 
     def __init__(self, mtbf_steps: float = 40.0, mix: str = "llama3", ranks_per_node: int = 1,
-                 strike: str = "anywhere", **trigger: Any) -> None:
+                 strike: str = "anywhere", clock: str = "steps", mtbf_s: float | None = None,
+                 **trigger: Any) -> None:
         super().__init__(**trigger)
         self.mtbf_steps = require_number("fault.mtbf_steps", mtbf_steps, above=0)
+        self.clock = require_choice("fault.clock", clock, CLOCKS)
+        if clock == "wall":
+            if mtbf_s is None:
+                raise ValueError("fault.mtbf_s=null: fault.clock=wall needs the MTBF in seconds (a number > 0)")
+            self.mtbf_s: float | None = require_number("fault.mtbf_s", mtbf_s, above=0)
+        elif mtbf_s is not None:
+            raise ValueError(f"fault.mtbf_s={mtbf_s}: only with fault.clock=wall (fault.clock=steps plans by "
+                             f"fault.mtbf_steps); give fault.mtbf_s=null or fault.clock=wall")
+        else:
+            self.mtbf_s = None
+        self.caps = self.caps.under(clock=clock)
         if mix not in MIXES:
             raise ValueError(f"fault.mix={mix}: must be one of {', '.join(MIXES)}")
         if strike not in STRIKES:
@@ -60,6 +86,11 @@ class Trace(Injector):
 
     def validate(self, world_size: int, steps: int, ckpt_every: int | None) -> None:
         super().validate(world_size, steps, ckpt_every)
+        if world_size % self.ranks_per_node:
+            raise ValueError(f"ranks_per_node={self.ranks_per_node}: must divide world_size={world_size}")
+        if self.clock == "wall":  # nothing planned by step: the supervisor strikes (injectors.wall_striker)
+            self.kinds, self.plan, self.parts = {}, [], []
+            return
         self.kinds = draw(self.mix, self.mtbf_steps, self.seed, self.at_step, steps)
         self.plan = sorted(self.kinds)
         self.parts = []
@@ -73,6 +104,11 @@ class Trace(Injector):
 
     def targets(self) -> set[int]:
         return set().union(*(p.targets() for p in self.parts)) if self.parts else {self.rank}
+
+    def node_ranks(self) -> list[int]:
+        """The ranks of the simulated node that holds ``fault.rank``: what a node loss takes."""
+        first = self.rank // self.ranks_per_node * self.ranks_per_node
+        return list(range(first, first + self.ranks_per_node))
 
     def attach(self, rt) -> None:
         self.rt = rt
@@ -129,6 +165,23 @@ def draw(mix: str, mtbf_steps: float, seed: int, first: int, steps: int) -> dict
             return out
         kind = rng.choices(kinds, weights)[0]
         out.setdefault(step, kind)
+
+
+def arrivals(mix: str, mtbf_s: float, seed: int) -> Iterator[tuple[float, str]]:
+    """The wall clock's trace, without end: (seconds after the first training step's start, kind), at exponential
+    gaps of mean ``mtbf_s``, each kind drawn by the mix's weights. A pure function of its arguments (a private
+    generator, a stream of its own), for the bench to predict from before the run."""
+    rng = random.Random(stream_seed(seed, "trace", "wall"))
+    kinds, weights = zip(*MIXES[mix].items())
+    t = 0.0
+    while True:
+        t += rng.expovariate(1.0 / mtbf_s)
+        yield t, rng.choices(kinds, weights)[0]
+
+
+def draw_wall(mix: str, mtbf_s: float, seed: int, until_s: float) -> list[tuple[float, str]]:
+    """The wall clock's arrivals before ``until_s`` seconds after the first training step's start."""
+    return list(takewhile(lambda a: a[0] < until_s, arrivals(mix, mtbf_s, seed)))
 
 
 def strike_fraction(seed: int, step: int) -> float:

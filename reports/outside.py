@@ -33,9 +33,9 @@ def markdown_table(text: str) -> pd.DataFrame:
 
 TRACE_TITLE = "The projection against a measured failure trace (model output beside a measurement)"
 TRACE_HOW = ("make trace (python -m resilience.bench.trace): each compared technique trains under a seeded failure "
-             "trace; the projection's closed form (for failures in training steps, as the trace's, and in wall time, as "
-             "at scale) and the step clock over the schedule, with costs fitted on other runs, beside what it "
-             "measured; docs/projection.md, \"The failure trace\"")
+             "trace whose failures arrive in wall time, recoveries included, as at scale; the projection's closed "
+             "form, with costs fitted on other runs, beside what it measured (with --clock steps: failures planned by "
+             "step, and the step-clock predictions); docs/projection.md, \"The failure trace\"")
 
 
 def chaos_section(path: Path | None) -> Markup:

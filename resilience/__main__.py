@@ -89,6 +89,7 @@ def main(cfg: DictConfig) -> None:
         say(f"job {resume.job} of run {resume.run_id}: resuming it from its newest complete checkpoint")
     supervisor = supervisor_for(cfg, config_path, roles)
     supervisor.zygote = _zygote
+    supervisor.fault = roles.injector
     for caveat in [*roles.policy.caveats(roles.injector), *supervisor.caveats()]:
         print(f"warning: {caveat}", file=sys.stderr, flush=True)
     outcome = supervisor.run()

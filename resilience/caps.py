@@ -93,6 +93,8 @@ class InjectorCaps(Caps):
     ends_the_job: bool = False  # it kills our supervisor with every rank: the run goes on only with resume=
     hands_over: bool = False  # it announces a node's loss ahead: the ranks listen and move its ranks to spares
     strikes_replay: bool = False  # it strikes during a lost stage's replay (fault.phase=during_replay)
+    # our supervisor strikes it on the rank's processes of each attempt, restarting ones too (fault.clock=wall)
+    strikes_from_supervisor: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -128,6 +128,17 @@ RULES: list[Rule] = [
          lambda c: c.fault.ends_the_job and c.launcher != "local",
          lambda c: f"supervisor.launcher={c.launcher}: {c.set('fault')} kills our supervisor with every rank, which "
                    f"this launcher does not run; use supervisor.launcher=local"),
+    Rule("struck_from_our_supervisor", ("fault", "strategy", "recovery", "supervisor.launcher"),
+         "A fault our supervisor strikes on each attempt's rank processes (a wall-clock trace), where that supervisor "
+         "does not restart every rank: another launcher, a strategy that recovers in place, a policy that resizes "
+         "the world or restarts in the process.",
+         lambda c: c.fault.strikes_from_supervisor and (
+             c.launcher != "local" or c.strategy.recovers_in_place or c.recovery.resizes_world
+             or c.recovery.restarts_in_process),
+         lambda c: f"fault.clock=wall: {c.set('fault')} is struck by our supervisor's restart-all agent on each "
+                   f"attempt's rank processes; needs supervisor.launcher=local with a strategy and a recovery that "
+                   f"restart every rank (not {c.set('strategy')}, {c.set('recovery')}, "
+                   f"supervisor.launcher={c.launcher}), or fault.clock=steps"),
     Rule("nothing_outlives_the_job", ("fault", "strategy"),
          "A fault that ends the whole job, with a strategy whose state lives only in the ranks (nothing to resume).",
          lambda c: c.fault.ends_the_job and c.strategy.recovers_in_place and not c.strategy.saves,

@@ -193,6 +193,8 @@ for _emitters, _group in ((("supervisor",), _SUPERVISOR), (("rank",), _RANK), ((
 register("fault_detected", ("detector", "supervisor", "recovery"), ("detector", "blamed_rank", "verdict"),
          "a detector's verdict: a fault (or a false alarm before any), whom it blames")
 register("fault_injected", ("injector",), ("fault", "phase", "plan_index", "target_rank", "seed"),
-         "the ground truth: an injector fires now, at `step`")
+         "the ground truth: an injector fires now, at `step`; a wall-clock trace's (fault.clock=wall, from the "
+         "supervisor) says what it `struck`: training, restarting (the recovery starts over) or none (no process: "
+         "the next one is killed), and when: `planned_s` after the first step's start")
 register("inprocess_attempt", ("recovery",), ("library", "version", "iteration", "pid", "settings", "patches"),
          "recovery=nvrx_inprocess: an in-process restart iteration begins")

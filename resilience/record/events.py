@@ -56,6 +56,30 @@ class EventLog:
             self._fd = -1
 
 
+class EventTail:
+    """The event log's lines appended since the last read (the supervisor follows the ranks' records)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def read(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        whole = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += whole
+        out = []
+        for line in data[:whole].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # torn by a process killed mid-write (the module docstring)
+                continue
+        return out
+
+
 def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
     """All events of a run in file order; a torn last line (a process killed mid-write) is skipped."""
     path = Path(run_dir) / EVENTS_FILE

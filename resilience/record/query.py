@@ -113,7 +113,11 @@ class RecoveryWindow:
 
     @property
     def lost_steps(self) -> int:
-        """The fault's step minus the step loaded; never below 0 (in place, survivors may be one step past it)."""
+        """The fault's step minus the step loaded; never below 0 (in place, survivors may be one step past it). A
+        failure that struck a recovery (a wall-clock trace's ``struck``: restarting, or no process) loses none:
+        training had not run again since the failure it interrupted, which counts the steps."""
+        if self.fault.get("struck", "training") != "training":
+            return 0
         return max(0, self.fault["step"] - (self.loaded["step"] if self.loaded else 0))
 
 
@@ -140,8 +144,11 @@ def recovery_window(events: list[dict], fault: dict) -> RecoveryWindow | None:
     start = first(later, "run_start")
     if start is None:
         return None
+    trained = first(later, "step_end")
+    # what the attempt that trained again loaded (an attempt that a later failure ended while it started loaded
+    # nothing that survived)
     return RecoveryWindow(fault, first_detection(events, fault), restart, start,
-                          first(later, "ckpt_loaded", attempt=start["attempt"]), first(later, "step_end"),
+                          first(later, "ckpt_loaded", attempt=(trained or start)["attempt"]), trained,
                           first(later, "resumed"))
 
 

@@ -11,13 +11,11 @@ and the next checkpoint is committed, restarts every rank at the full world size
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 import signal
 import time
 import uuid
-from pathlib import Path
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -25,7 +23,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-from resilience.record.events import EVENTS_FILE, EventLog
+from injectors.wall_striker import WallStriker
+from resilience.record.events import EVENTS_FILE, EventLog, EventTail
 from resilience.record.torch_workarounds import declare
 from resilience.runtime.rank import AgentService
 from resilience.record.board import reset_board
@@ -35,7 +34,7 @@ from resilience.supervise.supervisor import Supervisor
 AGENT_HOOKS = declare(
     "elastic_agent_hooks", "the elastic agent has no public hook to watch its ranks: ObservedAgent overrides "
     "LocalElasticAgent's _monitor_workers, _stop_workers and _restart_workers and reads its _pcontext (the ranks' "
-    "pids and exit codes) and _remaining_restarts", ("2.13.0",), __name__)
+    "pids and exit codes), _worker_group and _remaining_restarts", ("2.13.0",), __name__)
 
 
 class ObservedAgent(LocalElasticAgent):
@@ -114,6 +113,14 @@ class ObservedAgent(LocalElasticAgent):
             if code:
                 codes[worker_group.workers[local_rank].global_rank] = code
         return codes
+
+    def rank_process(self, rank: int) -> int | None:
+        """The process this agent started for global rank ``rank`` in its current attempt (None: not started yet),
+        running or not: what a wall-clock trace strikes (``injectors.wall_striker``)."""
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        group = self._worker_group
+        local = next((w.local_rank for w in group.workers if w.global_rank == rank), None) if group else None
+        return handlers[local].proc.pid if local in handlers else None
 
     def _resume_all(self) -> None:
         """SIGCONT every rank: one frozen with SIGSTOP would sit on SIGTERM until the grace period ends."""
@@ -212,36 +219,21 @@ class ElasticSupervisor(Supervisor):
             grow=self.policy if self.policy.caps.grows_back else None,
         )
         started: list[AgentService] = []
+        striker = None
+        if self.fault is not None and self.fault.caps.strikes_from_supervisor:  # fault.clock=wall
+            striker = WallStriker(self.fault, self.run_dir, events, self.world_size,
+                                  self.strategy.node_memory(self.run_dir), agent)
         try:
             for service in services:
                 service.start(run_id, self.run_dir)
                 started.append(service)
-            return "failed" if agent.run().is_failed() else "succeeded"
+            if striker is not None:
+                striker.start()
+            outcome = "failed" if agent.run().is_failed() else "succeeded"
         finally:
+            if striker is not None:
+                striker.stop()
             for service in reversed(started):
                 service.close()
             spec.rdzv_handler.shutdown()
-
-
-class EventTail:
-    """The event log's lines appended since the last read (the supervisor follows the ranks' records)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-
-    def read(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        whole = data.rfind(b"\n") + 1  # a line still being written is read next time
-        self.offset += whole
-        out = []
-        for line in data[:whole].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # torn by a process killed mid-write (resilience.record.events)
-                continue
-        return out
+        return outcome

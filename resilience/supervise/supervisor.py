@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 
 from omegaconf import DictConfig
 
+from injectors.base import Injector
 from resilience.detectors.base import Detector
 from resilience.proc.orphans import adopt_orphans, kill_children, kill_sessions, remove_unreachable
 from resilience.proc.zygote import Zygote, cold_argv
@@ -58,6 +59,7 @@ class Supervisor(ABC):
 
     mode: str = "base"  # how it recovers, in the ``launch`` event: "restart_all" or "replace_failed"
     zygote: Zygote | None = None  # where the first attempt's ranks are forked from (resilience.proc.zygote)
+    fault: Injector | None = None  # the run's injector, for a part of it the supervisor runs (fault.clock=wall)
 
     def __init__(self, cfg: DictConfig, config_path: Path, strategy: CheckpointStrategy, detectors: list[Detector],
                  policy: RecoveryPolicy) -> None:

@@ -1,0 +1,74 @@
+"""The predictions for a trace on the wall clock (``fault.clock=wall``, ``python -m resilience.bench.trace``):
+failures arrive as a Poisson process over the run's wall time, recoveries included, which is what the projection's
+closed form (``predicted_goodput``) models, so it is checked here on what it models.
+
+The step clock's other predictions (the closed form for failures in steps, the schedule) need each failure's step,
+which on the wall clock is known only as the run goes (every recovery before a failure moves its step); they are
+not made for this clock.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from injectors.trace import MIXES, draw_wall
+from resilience.projection.goodput import predicted_goodput
+from resilience.projection.run_model import RunCosts
+
+NOMINAL, ARRIVALS = "closed form, failures in wall time", "closed form, the trace's arrivals"
+
+
+def predict_wall(costs: RunCosts, lags: dict[str, list[float]], mtbf_s: float, seed: int,
+                 mix: str = "llama3") -> dict[str, dict[str, float]]:
+    """Wall time to N steps, ETTR and steps lost by the closed form: at the given MTBF (``NOMINAL``: the
+    projection's own use), and at the rate of the seeded arrivals that fall in the window it predicts (``ARRIVALS``:
+    M = W / K, the count the run meets, known before it; a Poisson count scatters by sqrt(K) around W / M)."""
+    weights = MIXES[mix]
+    nominal = {kind: w / sum(weights.values()) for kind, w in weights.items()}
+    out = {NOMINAL: at_mtbf(costs, lags, nominal, mtbf_s)}
+    lo, hi = costs.steps * costs.step_wall_s, 100 * costs.steps * costs.step_wall_s
+    for _ in range(60):  # the window W whose own arrivals, as an MTBF, give back W (bisection: K(W) is a staircase)
+        mid = (lo + hi) / 2
+        got = at_arrivals(costs, lags, draw_wall(mix, mtbf_s, seed, mid), mid)
+        lo, hi = (mid, hi) if got["wall_s"] > mid else (lo, mid)
+    arrived = draw_wall(mix, mtbf_s, seed, hi)
+    out[ARRIVALS] = {**at_arrivals(costs, lags, arrived, hi), "failures": float(len(arrived))}
+    return out
+
+
+def at_arrivals(costs: RunCosts, lags: dict[str, list[float]], arrived: list[tuple[float, str]],
+                window_s: float) -> dict[str, float]:
+    """The closed form at the MTBF and the mix of ``arrived``, the failures in a window of ``window_s``."""
+    if not arrived:
+        return at_mtbf(costs, lags, {kind: 0.0 for kind in lags}, math.inf)
+    share = {kind: sum(1 for _, k in arrived if k == kind) / len(arrived) for kind in lags}
+    return at_mtbf(costs, lags, share, window_s / len(arrived))
+
+
+def at_mtbf(costs: RunCosts, lags: dict[str, list[float]], share: dict[str, float],
+            mtbf_s: float) -> dict[str, float]:
+    """The training phase's goodput g at interval every x t_w, stall C, L (C + the median lag, by the mix) and R;
+    wall = N x t_w / g, ETTR = g x t_d / t_w, and the steps lost by the K = wall / M failures of which a share
+    A = exp(-R / M) strike training (the rest strike a recovery, which loses no step more)."""
+    tw, every = costs.step_wall_s, costs.every
+    lag_s = sum(w * max(float(np.median(lags[kind])), 0.0) for kind, w in share.items())
+    if math.isinf(mtbf_s):
+        g = every * tw / (every * tw + costs.stall_s)
+    else:
+        g = float(predicted_goodput(every * tw, mtbf_s, costs.stall_s, costs.stall_s + lag_s, costs.recovery_s))
+    wall = costs.steps * tw / g
+    training = 0.0 if math.isinf(mtbf_s) else wall / mtbf_s * math.exp(-costs.recovery_s / mtbf_s)
+    lost = training * sum(w * lost_per_failure(costs, lags[kind]) for kind, w in share.items())
+    return {"wall_s": wall, "ettr": g * costs.step_s / tw, "lost_steps": lost}
+
+
+def lost_per_failure(costs: RunCosts, lags: list[float]) -> float:
+    """The steps a failure at a uniform point of a checkpoint's cycle (every steps of t_w, then the stall C) loses:
+    d in a step d steps after the checkpoint, every in the stall (the save it interrupts is not recoverable), and
+    every more while the previous checkpoint's lag runs after its stall (the mean measured lag, at most the
+    interval's compute)."""
+    tw, every, stall = costs.step_wall_s, costs.every, costs.stall_s
+    lag = float(np.mean(np.clip(np.asarray(lags), 0.0, every * tw)))
+    return every * (tw * (every - 1) / 2 + stall + lag) / (every * tw + stall)
