@@ -127,6 +127,18 @@ def reference(runs_root) -> dict:
                           "world_size=2", "seed=0")
 
 
+# A pipeline of 2 stages on 2 ranks (tests/test_pipeline_parallel.py, tests/test_swift_log.py)
+PP = ("parallel=pp", "world_size=2", "workload=gpt_tiny", "steps=12", "seed=0", "detector=[process_exit]")
+
+
+@pytest.fixture(scope="session")
+def pp_reference(tmp_path_factory) -> dict:
+    """``PP``'s fault-free run (strategy=none: the reference of its training, recorded for the runs that follow)."""
+    ref = run_experiment(tmp_path_factory.mktemp("pp-ref"), *PP, "strategy=none", "fault=none", timeout=300)
+    assert ref["status"] == "ok" and ref["replicas_agree"]  # every rank ends on the hash over both stages
+    return ref
+
+
 # End-to-end modules: every test starts real rank processes (seconds each). `pytest -m "not slow"` leaves them out,
 # with every test that needs a finished run (the session's reference run), for a fast round of the rest.
 E2E_MODULES = {"test_faults", "test_recovery", "test_replica", "test_extend", "test_pipeline", "test_parity", "test_peers",

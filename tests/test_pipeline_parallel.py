@@ -10,7 +10,7 @@ from __future__ import annotations
 import pipeline_ranks
 import pytest
 import torch
-from conftest import ROOT, checked, refusal, run_experiment
+from conftest import PP, ROOT, checked, refusal, run_experiment
 from sharded_ranks import spawn
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -111,17 +111,6 @@ def test_the_stages_checkpoint_loads_back_bit_for_bit_only_with_the_flat_optimiz
 
 
 # End to end: gpt_tiny's 5 blocks as 3 | 2 on 2 ranks, 4 micro-batches of 2 samples, 12 steps.
-PP = ("parallel=pp", "world_size=2", "workload=gpt_tiny", "steps=12", "seed=0", "detector=[process_exit]")
-
-
-@pytest.fixture(scope="module")
-def pp_reference(tmp_path_factory) -> dict:
-    """The fault-free run (strategy=none: the reference of its training, recorded for the runs that follow)."""
-    ref = run_experiment(tmp_path_factory.mktemp("pp-ref"), *PP, "strategy=none", "fault=none", timeout=300)
-    assert ref["status"] == "ok" and ref["replicas_agree"]  # every rank ends on the hash over both stages
-    return ref
-
-
 @pytest.mark.timeout(600)
 def test_a_fault_free_pipeline_run_repeats_bit_for_bit(tmp_path, pp_reference):
     again = run_experiment(tmp_path / "again", *PP, "strategy=none", "fault=none", timeout=300)

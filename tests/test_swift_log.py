@@ -97,15 +97,6 @@ def test_the_log_keeps_every_stages_norm_per_step_until_a_checkpoint_replaces_th
 RUN = (*PP, "steps=12", "seed=0", "detector=[process_exit]")
 
 
-@pytest.fixture(scope="module")
-def pp_reference(tmp_path_factory) -> dict:
-    """The fault-free run (strategy=none: the reference of its training, recorded for the runs that follow)."""
-    ref = run_experiment(tmp_path_factory.mktemp("pp-ref"), *RUN[:3], *RUN[4:], "strategy=none", "fault=none",
-                         timeout=300)
-    assert ref["status"] == "ok" and ref["replicas_agree"]
-    return ref
-
-
 def replaced_alone(run, result: dict, reference: dict, rank: int, restarts: int = 1) -> list[dict]:
     """The run ended on the reference's bits, only ``rank`` restarted (``restarts`` times), and the other stage loaded
     nothing after the fault; the replacement's events."""
