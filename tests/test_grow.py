@@ -12,7 +12,7 @@ from resilience.__main__ import precheck
 from resilience.config import check_group_choices
 from resilience.recovery.grow import Grow
 from resilience.record.world import world_sizes
-from resilience.supervise.elastic import EventTail
+from resilience.record.events import EventTail
 
 NODE = ("fault=node_loss", "ranks_per_node=2", "fault.rank=1", "world_size=4")
 BACK = (*NODE, "fault.return_after_s=5")
