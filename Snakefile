@@ -7,6 +7,7 @@
     snakemake --config rerun_noisy=true         # run again the cells measured on a busy host (kept in noisy/)
     snakemake --config allow_failed=true        # exit 0 even when a cell failed
     snakemake --config scenario=meta_rsc_1k     # project to another cluster (conf/scenario/) or my.yaml's
+    snakemake --config preload=false            # every cell's command starts cold (default: forked, preloaded)
     snakemake --report results/default/snakemake-report.zip
 
 profiles/default/config.yaml (read by itself) sets the cores and the resume behaviour. Each cell is one
@@ -21,7 +22,15 @@ import sys
 from pathlib import Path
 
 from reports import registry
-from reports.pipeline import cell_states, failed_count, results_summary, state_table, stop_jobs_on_signal
+from reports.pipeline import (
+    cell_states,
+    failed_count,
+    results_summary,
+    start_pool,
+    state_table,
+    stop_jobs_on_signal,
+    stop_pool,
+)
 from reports.pipeline_config import pipeline_config
 
 
@@ -194,9 +203,11 @@ report: "workflow/report/workflow.rst"
 
 onstart:
     stop_jobs_on_signal()  # SIGTERM/SIGINT to snakemake alone stops the running cells too
+    start_pool(PIPELINE.preload and workflow.local_exec)  # the cells' commands forked from one preloaded interpreter
 
 
 onsuccess:
+    stop_pool()
     states = cell_states(RUN_DIRS)
     print(state_table(states))
     if Path(f"{RESULTS}/report/index.html").exists():
@@ -214,4 +225,5 @@ onsuccess:
 
 
 onerror:
+    stop_pool()
     print(state_table(cell_states(RUN_DIRS)))

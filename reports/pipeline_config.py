@@ -37,6 +37,7 @@ class PipelineConfig:
     scenario: str  # the projection's cluster: a conf/scenario/ name or a YAML's absolute path
     chaos: str  # ckpt-chaos's table for the report (python -m resilience.bench.chaos; --config chaos=PATH)
     trace: str  # the failure trace's table for the report (make trace; --config trace=PATH)
+    preload: bool  # the cells' commands forked from one preloaded interpreter (resilience.proc.pool)
 
 
 @contextmanager
@@ -65,6 +66,9 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     except scenario_choice.ScenarioError as exc:
         sys.exit(f"error: {exc}")
     allow_failed = str(config.get("allow_failed", "false")).lower() in TRUE
+    preload = str(config.get("preload", "true")).lower()
+    if preload not in (*TRUE, "false", "0", "no"):
+        sys.exit(f"error: preload={config.get('preload')}: must be true or false")
     try:
         max_age_h = float(config.get("probe_max_age_h", 0))
         assert max_age_h >= 0
@@ -99,4 +103,4 @@ def pipeline_config(config: Mapping[str, Any]) -> PipelineConfig:
     chaos = str(config.get("chaos", "results/chaos/chaos.md"))
     trace = str(config.get("trace", "results/trace/trace.md"))
     return PipelineConfig(matrix, results, allow_failed, probe, run_dirs, f"{data}/tokens.bin", scenario, chaos,
-                          trace)
+                          trace, preload in TRUE)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from resilience.proc.zygote import Zygote  # the standard library only
+from resilience.proc import pool  # the standard library only, as the zygote
+from resilience.proc.zygote import Zygote
 
 # The interpreter the first attempt's ranks fork from, started before this command imports Hydra and the rest: its
 # imports (~2.3 s) are what the first step waits for (resilience/proc/zygote.py). Only as the command, not on import.
 _zygote: Zygote | None = Zygote.early_for(sys.argv[1:]) if __name__ == "__main__" else None
+if __name__ == "__main__":
+    pool.guard()  # forked from the pipeline's pool: dies with its stub, now that its zygote is forked
 
 # The imports below come after the zygote's start on purpose.
 import logging

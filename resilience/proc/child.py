@@ -13,20 +13,22 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
+from resilience.proc import pool
+
 GRACE_S = 10.0  # SIGTERM to SIGKILL: a supervisor stops its ranks within timeouts.shutdown_s (5 s by default)
 
 
 def experiment_command(overrides: Sequence[str], run_dir: Path | str | None = None) -> list[str]:
-    """``python -m resilience OVERRIDES hydra.run.dir=RUN_DIR`` with this interpreter."""
+    """``python -m resilience OVERRIDES hydra.run.dir=RUN_DIR`` with this interpreter (forked from the pipeline's
+    preloaded interpreter when it has one: ``resilience.proc.pool``)."""
     # Quoted: a directory name may hold "=", which Hydra's override grammar reads as a second assignment.
     tail = [f"hydra.run.dir='{run_dir}'"] if run_dir is not None else []
-    return [sys.executable, "-m", "resilience", *overrides, *tail]
+    return pool.command("resilience", [*overrides, *tail])
 
 
 def processes_mentioning(text: str) -> list[int]:

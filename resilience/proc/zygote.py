@@ -24,17 +24,16 @@ the first attempt's ranks have ended, or when the supervisor does.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import secrets
 import select
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from resilience.proc import forkserver, pool
 from resilience.proc.orphans import killed_with_parent
 
 LAUNCHER_ENV = "RB_LAUNCHER_PID"  # in a preloaded rank: the process that launched it (its stub's parent)
@@ -42,6 +41,7 @@ STUB_ENV = "RB_STUB_PID"  # in a preloaded rank: the process the launcher starte
 IMPORTS_ENV = "RB_PRELOAD_S"  # in a preloaded rank: the seconds its zygote took to import, which it did not pay
 STUB = Path(__file__).with_name("zygote_stub.py")
 RUN_DIR_ARG = "hydra.run.dir="
+RANK = "resilience.rank"  # the module a zygote runs in what it forks
 ORDERS_ON_STDIN = "stdin"  # an early zygote's count of ranks: told once the command is composed
 READY_S = 30.0  # how long the supervisor waits for the zygote to listen before starting its ranks cold
 # What every rank imports before its first step, whatever the strategy (the strategy's own module is added).
@@ -105,19 +105,25 @@ class Zygote:
     @classmethod
     def start(cls, ranks: int | None, config_path: Path, modules: list[str]) -> Zygote:
         """Serves the first ``ranks`` starts (every start while the supervisor lives: None). ``config_path`` is only
-        named on its command line, which the forked ranks keep: whatever finds a run's processes by the config file
-        they name (``resilience.proc.child``) finds these too."""
+        named on its command line, as on each forked rank's (``forkserver.retitle``): whatever finds a run's
+        processes by the config file they name (``resilience.proc.child``) finds these too."""
         return cls._spawn(ranks or 0, config_path, modules)
 
     @classmethod
     def _spawn(cls, ranks: int | None, config_path: Path, modules: list[str], early: bool = False) -> Zygote:
         """``ranks`` None: the orders come on its stdin (:meth:`confirm`)."""
         name = f"rb-zygote-{os.getpid()}-{secrets.token_hex(4)}"  # an abstract socket: nothing on disk to leave
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "resilience.proc.zygote", name,
-                                 ORDERS_ON_STDIN if ranks is None else str(ranks), str(os.getpid()),
-                                 str(config_path), *modules],
+        if early and pool.forked():  # a supervisor forked from the pipeline's pool, no thread yet: already imported
+            supervisor, argv = os.getpid(), cls._argv(name, None, config_path, modules)
+            return cls(forkserver.Forked(lambda: _serve_as(argv, name, supervisor, modules)), name, config_path, early)
+        proc = subprocess.Popen(cls._argv(name, ranks, config_path, modules),
                                 stdin=subprocess.PIPE if early else subprocess.DEVNULL, stdout=subprocess.PIPE)
         return cls(proc, name, config_path, early)
+
+    @staticmethod
+    def _argv(name: str, ranks: int | None, config_path: Path, modules: list[str]) -> list[str]:
+        return [sys.executable, "-u", "-m", "resilience.proc.zygote", name,
+                ORDERS_ON_STDIN if ranks is None else str(ranks), str(os.getpid()), str(config_path), *modules]
 
     def ready(self) -> bool:
         """Whether the zygote listens (it says so once bound, before it imports): else the ranks start cold."""
@@ -152,9 +158,7 @@ def serve(name: str, ranks: int | None, supervisor_pid: int, modules: list[str])
     if os.getppid() != supervisor_pid:  # it ended before the line above
         return
     supervisor = os.pidfd_open(supervisor_pid)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind("\0" + name)
-    listener.listen(ranks or 8)
+    listener = forkserver.listen(name, ranks or 8)
     print("listening", flush=True)  # connections wait in the backlog while the imports run
     began = time.perf_counter()
     for module in modules:
@@ -167,10 +171,7 @@ def serve(name: str, ranks: int | None, supervisor_pid: int, modules: list[str])
         for module in orders[1:]:
             importlib.import_module(module)
     imports_s = time.perf_counter() - began
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears of each child's end
+    wake_r, wake_w = forkserver.child_ends()
     stubs: dict[int, socket.socket] = {}  # rank pid -> its stub's connection
     started, limit = 0, ranks or float("inf")
     while started < limit or stubs:
@@ -180,84 +181,32 @@ def serve(name: str, ranks: int | None, supervisor_pid: int, modules: list[str])
             return  # its ranks watch their parent (resilience.rank.orphan): they clean up and die
         if wake_r in readable:
             os.read(wake_r, 512)
-            _report_ends(stubs)
+            forkserver.report_ends(stubs)
         if listener in readable:
             conn, _ = listener.accept()
             started += 1
-            pid = _fork_rank(conn, imports_s, closing=[listener, supervisor, wake_r, wake_w])
+            pid = forkserver.fork_for(conn, [listener, supervisor, wake_r, wake_w], (RANK,),
+                                      lambda request, _module: _as_rank(request, imports_s), default=RANK)
             if pid:
                 stubs[pid] = conn
         if started == limit and listener.fileno() >= 0:
             listener.close()  # later starts are cold: a stub that finds no zygote execs the ordinary command
 
 
-def _report_ends(stubs: dict[int, socket.socket]) -> None:
-    while stubs:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            return
-        conn = stubs.pop(pid, None)
-        if conn is not None:
-            try:
-                conn.send(json.dumps({"status": status}).encode())
-            except OSError:  # the stub is gone (killed): the rank died with it
-                pass
-            conn.close()
+def _serve_as(argv: list[str], name: str, supervisor: int, modules: list[str]) -> None:
+    """A zygote forked from its supervisor (itself forked from the pipeline's pool): named as a started one is."""
+    forkserver.retitle(argv)
+    serve(name, None, supervisor, modules)
 
 
-def _fork_rank(conn: socket.socket, imports_s: float, closing: list) -> int:
-    """Fork a rank for the stub on ``conn``; 0 if the request was unreadable (the stub then starts it cold)."""
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-    if len(fds) != 3 or not data:
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        return 0
-    request = json.loads(data)
-    pid = os.fork()
-    if pid == 0:
-        _become_rank(request, fds, conn, closing, imports_s)
-    for fd in fds:
-        os.close(fd)
-    conn.send(json.dumps({"pid": pid}).encode())
-    return pid
+def _as_rank(request: dict, imports_s: float) -> None:
+    """In the forked rank, before it runs: who launched it, its stub (it dies with it), the imports it skipped."""
+    os.environ[LAUNCHER_ENV] = str(request["launcher"])
+    os.environ[STUB_ENV] = str(request["stub"])
+    os.environ[IMPORTS_ENV] = f"{imports_s:.3f}"
+    from resilience.proc.lifeline import die_with
 
-
-def _become_rank(request: dict, fds: list[int], conn: socket.socket, closing: list, imports_s: float) -> None:
-    """In the forked child: take the stub's place (stdio, environment, directory, session) and run the rank."""
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for thing in [*closing, conn]:
-            thing.close() if hasattr(thing, "close") else os.close(thing)
-        os.setsid()  # as torch's agent starts a rank: its own session
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.environ[LAUNCHER_ENV] = str(request["launcher"])
-        os.environ[STUB_ENV] = str(request["stub"])
-        os.environ[IMPORTS_ENV] = f"{imports_s:.3f}"
-        from resilience.proc.lifeline import die_with
-
-        die_with(request["stub"])  # the agent's SIGKILL reaches the stub: the rank goes with it
-        sys.argv = ["resilience.rank", *request["args"]]  # argv[0] becomes the module's file, as with -m
-        import runpy
-
-        runpy.run_module("resilience.rank", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        from resilience.record.quick_exit import exit_code
-
-        code = exit_code(exc)
-    except BaseException:  # noqa: BLE001 (the rank's own traceback, as a cold rank would print it)
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
+    die_with(request["stub"])  # the agent's SIGKILL reaches the stub: the rank goes with it
 
 
 if __name__ == "__main__":

@@ -75,7 +75,9 @@ def markdown() -> str:
 
 # The shipped kinds, by emitter. The required fields are those every emitter of the kind writes and readers rely on.
 _SUPERVISOR: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("launch", ("world_size", "max_restarts", "recovery"), "the supervisor starts the ranks: a run's time starts here"),
+    ("launch", ("world_size", "max_restarts", "recovery"),
+     "the supervisor starts the ranks: a run's time starts here (its `supervisor`: preloaded when forked from the "
+     "pipeline's pool, else cold)"),
     ("detector_unavailable", ("detector", "reason"), "a configured detector cannot run on this host"),
     ("restart", ("policy", "restart", "max_restarts"),
      "the supervisor starts ranks again: all of them, or (with `ranks`) the failed ones, started `spawned_s_before` "

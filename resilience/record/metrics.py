@@ -85,14 +85,16 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
 
 
 def _process_starts(events: list[dict]) -> dict[str, str | None]:
-    """``first_start`` and ``restarts``: preloaded (forked from the zygote) or cold, per the ranks' ``run_start``."""
+    """``first_start`` and ``restarts``: preloaded (forked from the zygote) or cold, per the ranks' ``run_start``;
+    ``supervisor_start``: forked from the pipeline's pool or cold (the first job's ``launch``)."""
     seen: set = set()
     first, later = [], []
     for e in events:
         if e["kind"] == "run_start":
             (later if e["rank"] in seen else first).append(bool(e.get("preloaded")))
             seen.add(e["rank"])
-    return {"first_start": "preloaded" if any(first) else "cold",
+    launch = next((e for e in events if e["kind"] == "launch"), {})
+    return {"supervisor_start": launch.get("supervisor", "cold"), "first_start": "preloaded" if any(first) else "cold",
             "restarts": ("preloaded" if any(later) else "cold") if later else None}
 
 

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from injectors.base import Injector
 from resilience.detectors.base import Detector
 from resilience.proc.orphans import adopt_orphans, kill_children, kill_sessions, remove_unreachable
+from resilience.proc import pool
 from resilience.proc.zygote import Zygote, cold_argv
 from resilience.record.events import EventLog, read_events
 from resilience.settings.identity import job_first_attempt
@@ -78,7 +79,8 @@ class Supervisor(ABC):
             why = det.start()
             if why:
                 events.emit("detector_unavailable", detector=det.name, reason=why)
-        events.emit("launch", world_size=self.world_size, max_restarts=self.max_restarts, recovery=self.mode)
+        events.emit("launch", world_size=self.world_size, max_restarts=self.max_restarts, recovery=self.mode,
+                    supervisor="preloaded" if pool.forked() else "cold")
         say(f"launching {self.world_size} ranks ({self.cfg.device}, {self.cfg.backend}); "
             f"logs in {self.run_dir / 'logs'}")
         observer = Observer(events, self.detectors, self.run_dir, self.world_size)

@@ -1,0 +1,87 @@
+"""The pipeline's preloaded interpreter (resilience.proc.pool): a forked supervisor trains as a cold one, names itself
+as a cold one would, dies with its cell, and a cell without a pool starts cold."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from resilience.proc import child
+from resilience.proc.pool import POOL_ENV, Pool
+from tests.conftest import left_nothing
+
+# the session's reference training (tests/conftest.py: sync, 30 steps, a checkpoint every 5), a rank killed
+KILL = ("strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed=0", "fault=kill", "fault.rank=1",
+        "fault.at_step=13", "supervisor.restarts=cold")
+
+
+@pytest.fixture(scope="module")  # one pool for the file, as for a pipeline: it imports once, at its first command
+def pool():
+    started = Pool.start()
+    assert started is not None, "the pool did not come up"
+    try:
+        yield started
+    finally:
+        started.stop()
+        assert started.proc.returncode == 0 and POOL_ENV not in os.environ
+
+
+def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_started(pool, reference, tmp_path):
+    run_dir = tmp_path / "run"
+    shm_before = set(os.listdir("/dev/shm"))
+    cmd = child.experiment_command(KILL, run_dir)
+    assert cmd[4:7] == ["--module", "resilience", pool.name]  # the stub, not a cold interpreter
+    done = child.run(cmd, timeout_s=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    left_nothing(run_dir, shm_before)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["recovered"]
+    assert result["final_state_sha256"] == reference["final_state_sha256"]  # recovered bit for bit
+    assert (result["supervisor_start"], result["first_start"], result["restarts"]) == ("preloaded", "preloaded", "cold")
+    assert reference["supervisor_start"] == "cold"  # the conftest's runs start as a user's command does
+
+
+def test_a_config_error_through_the_pool_is_one_line_and_exit_2(pool, tmp_path):
+    done = child.run(child.experiment_command(["strategy=no_such_strategy"], tmp_path / "bad"), timeout_s=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "strategy" in done.stderr, done.stderr
+
+
+def test_a_killed_cell_takes_its_forked_supervisor_and_ranks_along(pool, tmp_path):
+    """What reports.cell does on its time limit, without the grace: SIGKILL to the command's group (the stub)."""
+    run_dir = tmp_path / "run"
+    running = child.Child(child.experiment_command(["strategy=sync", "steps=2000", "world_size=2"], run_dir))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and b'"step_end"' not in _read(run_dir / "events.jsonl"):
+            time.sleep(0.1)
+        named = child.processes_mentioning(str(run_dir))
+        assert len(named) >= 5, named  # stub, supervisor, zygote, two ranks (and their stubs): each names the run
+        child.signal_group(running.proc.pid, signal.SIGKILL)
+        running.proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while child.processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert child.processes_mentioning(str(run_dir)) == [], "the forked supervisor or its ranks outlived the cell"
+    finally:
+        running.stop()
+        child.kill_mentioning(str(run_dir))
+
+
+def test_a_cell_without_its_pool_starts_cold(monkeypatch):
+    monkeypatch.setenv(POOL_ENV, "rb-pool-that-is-not-there")
+    done = child.run(child.experiment_command(["--help"]), timeout_s=60)
+    assert done.returncode == 0 and "Usage" in done.stdout
+    monkeypatch.delenv(POOL_ENV)
+    assert child.experiment_command([])[1:3] == ["-m", "resilience"]
+
+
+def _read(path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
