@@ -89,7 +89,8 @@ class WallStriker:
 
     def _run(self) -> None:
         try:
-            for index, (offset, fault) in enumerate(arrivals(self.fault.mix, self.fault.mtbf_s, self.fault.seed)):
+            f = self.fault  # its arrivals drawn as the bench predicts them (fault.arrivals: poisson or stratified)
+            for index, (offset, fault) in enumerate(arrivals(f.mix, f.mtbf_s, f.seed, f.arrivals)):
                 if not self._wait_for(offset):
                     return
                 self._strike(self.first_index + index, offset, fault)

@@ -84,7 +84,7 @@ def test_the_supervisor_strikes_a_training_rank_a_restarting_one_and_the_next_on
     """Arrivals at 0.3 s (the rank trains: its step is recorded), 1.0 s (a new attempt's process has not trained
     yet: restarting) and 1.7 s (no process: recorded then, and the next process is killed as soon as it starts;
     a node loss wipes the node's memory)."""
-    monkeypatch.setattr(wall_striker, "arrivals", lambda mix, mtbf_s, seed: iter(
+    monkeypatch.setattr(wall_striker, "arrivals", lambda mix, mtbf_s, seed, how: iter(
         [(0.3, "kill"), (1.0, "kill"), (1.7, "node_loss"), (60.0, "kill")]))
     create_board(tmp_path, 2)
     supervisor, processes, memory = EventLog(tmp_path, rank=None, attempt=0), Processes(), Memory()

@@ -21,19 +21,20 @@ NOMINAL, ARRIVALS = "closed form, failures in wall time", "closed form, the trac
 
 
 def predict_wall(costs: RunCosts, lags: dict[str, list[float]], mtbf_s: float, seed: int,
-                 mix: str = "llama3") -> dict[str, dict[str, float]]:
+                 mix: str = "llama3", how: str = "poisson") -> dict[str, dict[str, float]]:
     """Wall time to N steps, ETTR and steps lost by the closed form: at the given MTBF (``NOMINAL``: the
     projection's own use), and at the rate of the seeded arrivals that fall in the window it predicts (``ARRIVALS``:
-    M = W / K, the count the run meets, known before it; a Poisson count scatters by sqrt(K) around W / M)."""
+    M = W / K, the count the run meets, known before it, drawn as ``how`` says, the trace runs' fault.arrivals; a
+    Poisson count scatters by sqrt(K) around W / M, a stratified one far less)."""
     weights = MIXES[mix]
     nominal = {kind: w / sum(weights.values()) for kind, w in weights.items()}
     out = {NOMINAL: at_mtbf(costs, lags, nominal, mtbf_s)}
     lo, hi = costs.steps * costs.step_wall_s, 100 * costs.steps * costs.step_wall_s
     for _ in range(60):  # the window W whose own arrivals, as an MTBF, give back W (bisection: K(W) is a staircase)
         mid = (lo + hi) / 2
-        got = at_arrivals(costs, lags, draw_wall(mix, mtbf_s, seed, mid), mid)
+        got = at_arrivals(costs, lags, draw_wall(mix, mtbf_s, seed, mid, how), mid)
         lo, hi = (mid, hi) if got["wall_s"] > mid else (lo, mid)
-    arrived = draw_wall(mix, mtbf_s, seed, hi)
+    arrived = draw_wall(mix, mtbf_s, seed, hi, how)
     out[ARRIVALS] = {**at_arrivals(costs, lags, arrived, hi), "failures": float(len(arrived))}
     return out
 
