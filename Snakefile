@@ -203,7 +203,8 @@ report: "workflow/report/workflow.rst"
 
 onstart:
     stop_jobs_on_signal()  # SIGTERM/SIGINT to snakemake alone stops the running cells too
-    start_pool(PIPELINE.preload and workflow.local_exec)  # the cells' commands forked from one preloaded interpreter
+    # the cells' commands forked from one preloaded interpreter (not on a SLURM run's nodes)
+    start_pool(PIPELINE.preload and workflow.local_exec)
 
 
 onsuccess:

@@ -34,6 +34,8 @@ NOT_WORKAROUNDS = {
     "resilience.rank.spare": "imports torch._dynamo by name to pay early for the import DDP's constructor makes",
     "resilience.proc.zygote": "names torch._dynamo and torch._inductor.config only to import what a rank imports, "
                               "before its ranks are forked",
+    "resilience.proc.pool": "names them too, for the same reason: the pipeline's pool imports what a supervisor "
+                            "and its ranks import",
 }
 PRIVATE_NAME = re.compile(r"\btorch(?:\.\w+)*\._[a-zA-Z]")
 PRIVATE_ATTRIBUTES = {"_spec", "_local_tensor", "_pg_registry"}  # private attributes of torch objects met so far
