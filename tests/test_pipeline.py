@@ -20,6 +20,7 @@ from conftest import ROOT, processes_mentioning, run_module
 from reports.cell import run_cell, state_line, validity_reasons
 from reports.limits import PROBE_DIR
 from reports.matrix import available, load_matrix
+from reports.scenario_choice import SCENARIOS
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 
 
@@ -240,7 +241,12 @@ def test_sigterm_to_snakemake_alone_stops_the_running_cell_its_ranks_and_shared_
 @pytest.mark.timeout(300)
 def test_smoke_matrix_end_to_end(tmp_path):
     results = tmp_path / "results"
-    config = ("--config", "matrix=smoke", f"results={results}")
+    # Projected to a cluster of the user's own (--config scenario=PATH, reports/scenario_choice.py): the YAML given,
+    # not a built-in, is what the projection projects to (a scenario that is none: tests/test_report.py)
+    spec = yaml.safe_load((SCENARIOS / "llama3_405b.yaml").read_text())
+    mine = tmp_path / "my_cluster.yaml"
+    mine.write_text(yaml.safe_dump({**spec, "name": "my_cluster", "gpus": 2048}))
+    config = ("--config", "matrix=smoke", f"results={results}", f"scenario={mine}")
     started = time.monotonic()
     done = snakemake(*config, timeout=270)  # bare: cores and the rest from profiles/default
     elapsed = time.monotonic() - started
@@ -269,6 +275,8 @@ def test_smoke_matrix_end_to_end(tmp_path):
         assert "torch_version" in json.loads(env.read_text())["collect_env"]
     html = (results / "report" / "index.html").read_text()
     assert 'id="projection"' in html and html.count("data:image/png;base64,") >= 7
+    assert json.loads((results / "projection" / "projection_status.json").read_text())["ok"]
+    assert set(pd.read_csv(results / "projection" / "projection_summary.csv")["gpus"]) == {2048}
     assert html.count('download="trace-') == 2  # a trace under the timeline of each strategy
     assert not list(results.glob("runs/*/ckpt"))  # checkpoint payloads are removed after each run
     print(f"smoke matrix end to end: {elapsed:.0f} s")
