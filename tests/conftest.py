@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -127,6 +128,30 @@ def reference(runs_root) -> dict:
                           "world_size=2", "seed=0")
 
 
+# gpt_tiny on 2 ranks, 12 steps: the replayable loop (tests/test_jit.py, tests/test_job_resume.py) and the real one,
+# with dropout for the RNG streams to matter (tests/test_job_state.py, tests/test_preempt.py)
+SHORT = ("workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
+# checkpoint.every=1: the real loop hashes its parts at every checkpoint step, so the reference has a hash at every
+# step a run with any interval checks (its loads included; resilience/record/job_state.py)
+SHORT_REAL = (*SHORT[:3], "checkpoint.every=1", *SHORT[4:], "train=real", "workload.dropout=0.1")
+
+
+@pytest.fixture(scope="session")
+def fault_free_run(tmp_path_factory) -> Callable[..., dict]:
+    """``fault_free_run(*training)``: the fault-free run of a training (``strategy=none fault=none``), once for the
+    session. It records itself as its training's reference (resilience/record/reference.py): a later run of that
+    training with ``reference.check=run`` finds it there instead of running its own first, seconds a test."""
+    runs: dict[tuple[str, ...], dict] = {}
+
+    def of(*training: str) -> dict:
+        if training not in runs:
+            runs[training] = run_experiment(tmp_path_factory.mktemp("fault-free") / "run", "strategy=none",
+                                            "fault=none", *training)
+        return runs[training]
+
+    return of
+
+
 # A pipeline of 2 stages on 2 ranks (tests/test_pipeline_parallel.py, tests/test_swift_log.py)
 PP = ("parallel=pp", "world_size=2", "workload=gpt_tiny", "steps=12", "seed=0", "detector=[process_exit]")
 
@@ -155,7 +180,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         code = getattr(getattr(item, "function", None), "__code__", None)
         runs = code is not None and "run_experiment" in code.co_names
-        if item.module.__name__ in E2E_MODULES or runs or {"reference", "runs_root"} & set(item.fixturenames):
+        if item.module.__name__ in E2E_MODULES or runs or {"reference", "runs_root", "fault_free_run"} & set(
+                item.fixturenames):
             item.add_marker(pytest.mark.slow)
     _choose_tier(config, items)
 

@@ -98,4 +98,7 @@ def test_fault_scenario(tmp_path, short_reference, name, overrides, check):
 
 @pytest.fixture(scope="module")
 def short_reference(tmp_path_factory) -> dict:
-    return run_experiment(tmp_path_factory.mktemp("ref") / "run", "strategy=sync", "fault=none", *COMMON)
+    """strategy=none: the final state is the training's whatever the strategy (the runs here use sync), and this
+    one records itself as the reference of gpt_tiny's 20 steps on 2 ranks, which tests/test_shadow.py's
+    reference.check=run then finds instead of running it again."""
+    return run_experiment(tmp_path_factory.mktemp("ref") / "run", "strategy=none", "fault=none", *COMMON)

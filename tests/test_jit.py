@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, exact, of_kind, refusal, run_experiment
+from conftest import ROOT, SHORT, SHORT_REAL, exact, of_kind, refusal, run_experiment
 from resilience.ckpt.codec import restore, snapshot_state, tensor_leaves
 from resilience.ckpt.jit_files import read_shard, write_shard
 from resilience.ckpt.jit_parts import RankParts
@@ -28,6 +28,19 @@ from resilience.record.events import read_events
 from resilience.state.train import TrainState, state_sha256
 
 COMMON = ("strategy=jit", "workload=gpt_tiny", "steps=12", "world_size=2", "seed=0", "reference.check=run")
+
+
+@pytest.fixture
+def short_reference(fault_free_run) -> None:
+    """COMMON's training is SHORT's: its fault-free run, once for the session (tests/test_job_resume.py's too), is the
+    reference that reference.check=run finds, instead of running one in a test's first run."""
+    fault_free_run(*SHORT)
+
+
+@pytest.fixture
+def short_real_reference(fault_free_run) -> None:
+    """The same with train=real (SHORT_REAL's, whose parts are hashed at every step: each point a run checks)."""
+    fault_free_run(*SHORT_REAL)
 
 # (id, overrides, the detector that sees it first, the steps the survivor may write and the restart load)
 SCENARIOS = [
@@ -43,6 +56,7 @@ SCENARIOS = [
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("short_reference")
 @pytest.mark.parametrize("overrides,detector,steps", [s[1:] for s in SCENARIOS], ids=[s[0] for s in SCENARIOS])
 def test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight(tmp_path, overrides,
                                                                                            detector, steps):
@@ -70,6 +84,7 @@ def test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.usefixtures("short_real_reference")
 def test_the_whole_job_state_comes_back_each_rank_s_own_parts_from_node_memory(tmp_path):
     """train=real: RNG streams and data position per rank (dropout, a shuffled loader with workers), LR schedule,
     counters; a kill before a forward pass and one after the gradient reduction (the dead rank had drawn the step's

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from conftest import left_nothing, run_cli, run_experiment, run_module
+from conftest import SHORT, left_nothing, run_cli, run_module
 from resilience.__main__ import precheck
 from resilience.ckpt.shm_store import SHM_DIR
 from resilience.config import CONF_DIR, ConfigError, check_group_choices, resolve
@@ -22,13 +22,14 @@ from resilience.settings.command_line import compose_checked
 from resilience.supervise.resume import Resume, with_run_dir
 
 # gpt_tiny on 2 ranks, short; the detectors leave the state alone, so one fault-free run serves every case
-TRAINING = ("workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]")
+TRAINING = SHORT
 
 
-@pytest.fixture(scope="module")
-def fault_free(tmp_path_factory) -> dict:
-    """The fault-free run (strategy=none, which records itself as the reference of its training)."""
-    return run_experiment(tmp_path_factory.mktemp("fault-free") / "run", "strategy=none", "fault=none", *TRAINING)
+@pytest.fixture
+def fault_free(fault_free_run) -> dict:
+    """The fault-free run (strategy=none, which records itself as the reference of its training), the session's:
+    tests/test_jit.py's runs of this training are checked against it too."""
+    return fault_free_run(*TRAINING)
 
 
 # (strategy, the fault's settings, the step it kills at, the checkpoint the resume loads)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_experiment
+from conftest import SHORT_REAL, run_experiment
 import torch
 
 from resilience.state.parts import Counters, JobParts, require_parts
@@ -16,6 +16,13 @@ pytestmark = pytest.mark.slow
 # gpt_tiny with dropout: the RNG streams decide the masks, so a lost RNG shows
 LOOP = ("train=real", "train.data=synthetic", "workload.dropout=0.1", "reference.check=run")
 REAL = ("train=real", "workload.dropout=0.1", "reference.check=run", "steps=12")  # data through the loader
+
+
+@pytest.fixture
+def real_reference(fault_free_run) -> None:
+    """REAL's training is SHORT_REAL's: its fault-free run, once for the session (tests/test_preempt.py's too), is
+    the reference reference.check=run finds; it hashes the parts at every step (the point of the load at 5 too)."""
+    fault_free_run(*SHORT_REAL)
 
 
 def lost(result: dict) -> dict[str, int]:
@@ -36,6 +43,7 @@ def test_three_kills_of_the_real_loop_restore_every_part_and_every_sample_exactl
     assert r["ledger"]["exactly_once"] is True and r["ledger"]["steps_checked"] == 32  # 16 steps x 2 ranks
 
 
+@pytest.mark.usefixtures("real_reference")
 @pytest.mark.parametrize("control, must_lose", [
     ("sync_model_only", {"lr_scheduler", "rng", "train_state", "dataloader", "model", "optimizer"}),
     ("sync_no_rng", {"rng", "model", "optimizer"}),

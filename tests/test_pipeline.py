@@ -20,6 +20,7 @@ from conftest import ROOT, processes_mentioning, run_module
 from reports.cell import run_cell, state_line, validity_reasons
 from reports.limits import PROBE_DIR
 from reports.matrix import available, load_matrix
+from reports.scenario_choice import SCENARIOS
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 
 
@@ -49,25 +50,40 @@ def test_snakefile_is_formatted():
     assert done.returncode == 0, f"run `snakefmt Snakefile`:\n{done.stdout}{done.stderr}"
 
 
-# Snakemake plans these two; its rule graph is the same for every matrix, so for the others (hundreds of cells:
-# 8-15 s a dry run) the test below runs what differs, the Snakefile's first step, in this process.
-DRY_RUN = ("smoke", "default")
+# Snakemake plans the default matrix here and the smoke matrix in its run (test_smoke_matrix_end_to_end); its rule
+# graph is the same for every matrix, so for the others (hundreds of cells: 8-15 s a dry run) the test below runs what
+# differs, the Snakefile's first step, in this process.
+DRY_RUN = ("default",)
+
+
+def plans_each_cell_once(out: str, matrix: str) -> None:
+    """Snakemake's console, of a run or a dry run: one run job per cell, every stage, short run directories."""
+    cells = len(load_matrix(matrix).cells)
+    assert re.search(rf"^run\s+{cells}$", out, re.MULTILINE), out[-2000:]
+    for rule in ("probe", "aggregate", "project", "report"):
+        assert rule in out
+    assert max(len(p.name) for p in map(Path, re.findall(r"\S+/runs/[^/\s]+", out))) < 64
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("matrix", DRY_RUN)
 def test_dry_run_of_a_matrix_plans_each_cell_once(matrix, tmp_path):
-    # The smoke matrix without results=: each matrix has its own folder by default (a dry run writes nothing).
-    results = [] if matrix == "smoke" else [f"results={tmp_path}"]
-    done = snakemake("-n", "--config", f"matrix={matrix}", *results)  # cores: the profile's
+    done = snakemake("-n", "--config", f"matrix={matrix}", f"results={tmp_path}")  # cores: the profile's
     assert done.returncode == 0, done.stdout[-3000:]
-    cells = len(load_matrix(matrix).cells)
-    assert re.search(rf"^run\s+{cells}$", done.stdout, re.MULTILINE), done.stdout[-2000:]
-    for rule in ("probe", "aggregate", "project", "report"):
-        assert rule in done.stdout
-    assert max(len(p.name) for p in map(Path, re.findall(r"\S+/runs/[^/\s]+", done.stdout))) < 64
-    if matrix == "smoke":
-        assert "results/smoke/report/index.html" in done.stdout and "results/smoke/summary.parquet" in done.stdout
+    plans_each_cell_once(done.stdout, matrix)
+
+
+def test_each_matrix_has_its_own_results_folder_by_default(monkeypatch):
+    """Without results=, the smoke matrix's results go to results/smoke/ (the Snakefile writes every output under
+    that folder: test_smoke_matrix_end_to_end, with results=)."""
+    from reports.pipeline_config import pipeline_config
+
+    for key in ("RB_PROBE", "RB_ENVIRONMENT", "RB_DATA_DIR", "PATH"):  # what it sets for the rules, back after
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+    monkeypatch.delenv("RB_PROBE")  # unset: this pipeline run's snapshot is chosen, not inherited
+    config = pipeline_config({"matrix": "smoke"})
+    assert config.results == "results/smoke" and Path(config.probe).parent == Path("results/smoke/probe")
+    assert {d.parent for d in config.run_dirs} == {Path("results/smoke/runs")}
 
 
 @pytest.mark.timeout(120)
@@ -225,11 +241,17 @@ def test_sigterm_to_snakemake_alone_stops_the_running_cell_its_ranks_and_shared_
 @pytest.mark.timeout(300)
 def test_smoke_matrix_end_to_end(tmp_path):
     results = tmp_path / "results"
-    config = ("--config", "matrix=smoke", f"results={results}")
+    # Projected to a cluster of the user's own (--config scenario=PATH, reports/scenario_choice.py): the YAML given,
+    # not a built-in, is what the projection projects to (a scenario that is none: tests/test_report.py)
+    spec = yaml.safe_load((SCENARIOS / "llama3_405b.yaml").read_text())
+    mine = tmp_path / "my_cluster.yaml"
+    mine.write_text(yaml.safe_dump({**spec, "name": "my_cluster", "gpus": 2048}))
+    config = ("--config", "matrix=smoke", f"results={results}", f"scenario={mine}")
     started = time.monotonic()
     done = snakemake(*config, timeout=270)  # bare: cores and the rest from profiles/default
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-5000:]
+    plans_each_cell_once(done.stdout, "smoke")  # its job table, as a dry run shows it
     deadline = time.monotonic() + 10
     while processes_mentioning(str(results)) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -253,6 +275,8 @@ def test_smoke_matrix_end_to_end(tmp_path):
         assert "torch_version" in json.loads(env.read_text())["collect_env"]
     html = (results / "report" / "index.html").read_text()
     assert 'id="projection"' in html and html.count("data:image/png;base64,") >= 7
+    assert json.loads((results / "projection" / "projection_status.json").read_text())["ok"]
+    assert set(pd.read_csv(results / "projection" / "projection_summary.csv")["gpus"]) == {2048}
     assert html.count('download="trace-') == 2  # a trace under the timeline of each strategy
     assert not list(results.glob("runs/*/ckpt"))  # checkpoint payloads are removed after each run
     print(f"smoke matrix end to end: {elapsed:.0f} s")

@@ -11,18 +11,19 @@ import os
 
 import pytest
 
-from conftest import left_nothing, refusal, run_cli, run_experiment
+from conftest import SHORT, SHORT_REAL, left_nothing, refusal, run_cli
 from resilience.ckpt.shm_store import SHM_DIR
 from resilience.record.events import read_events
 
-TRAINING = ("workload=gpt_tiny", "world_size=2", "steps=12", "checkpoint.every=4", "seed=0", "detector=[process_exit]",
-            "train=real", "workload.dropout=0.1")
+TRAINING = (*SHORT, "train=real", "workload.dropout=0.1")  # SHORT_REAL's training, a checkpoint every 4 steps
 AT = 6  # preempted before step 6's forward: the newest checkpoint is step 4's
 
 
-@pytest.fixture(scope="module")
-def fault_free(tmp_path_factory) -> dict:
-    return run_experiment(tmp_path_factory.mktemp("fault-free") / "run", "strategy=none", "fault=none", *TRAINING)
+@pytest.fixture
+def fault_free(fault_free_run) -> dict:
+    """The session's fault-free run of this training (tests/test_job_state.py's reference too); it hashes the parts
+    at every step, the points of either job included."""
+    return fault_free_run(*SHORT_REAL)
 
 
 @pytest.mark.timeout(300)

@@ -4,8 +4,6 @@ survivors keep their processes, the replacement receives the state, the run ends
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
-import time
 
 import pytest
 import torch
@@ -14,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import ROOT, refusal, run_cli, run_experiment
+from sharded_ranks import spawn
 from resilience.record.events import read_events
 from resilience.record.replicas import replacement_parts
 from resilience.state.train import TrainState, state_sha256
@@ -43,34 +42,22 @@ def _replica_worker(rank: int, world: int, store: str, trained: list[int | None]
     dist.destroy_process_group()
 
 
+def _replica_rank(rank: int, world: int, store: str, _folder: str, *args) -> None:
+    """``_replica_worker`` as ``sharded_ranks.spawn`` calls a rank (``_folder``: where the store is)."""
+    _replica_worker(rank, world, store, *args)
+
+
 def reconcile_in_processes(tmp_path, trained: list[int | None], bucket: int | None = None) -> dict[int, tuple]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    """Each rank's outcome, its ranks forked from one process that imports this module once (sharded_ranks.spawn);
+    fails if a rank fails. The outcomes are a few hundred bytes: the queue's pipe holds them until the ranks end."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    procs = [ctx.Process(target=_replica_worker, args=(r, len(trained), str(tmp_path / "store"), trained, out, bucket))
-             for r in range(len(trained))]
-    for p in procs:
-        p.start()
-    try:
-        results = {}
-        deadline = time.monotonic() + 150
-        while len(results) < len(procs):
-            assert time.monotonic() < deadline, "reconcile did not finish in 150 s"
-            assert not any(p.exitcode not in (None, 0) for p in procs), "a rank failed (its traceback is above)"
-            try:
-                rank, *rest = out.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            results[rank] = tuple(rest)
-        for p in procs:
-            p.join(timeout=30)
-            assert p.exitcode == 0
-        return results
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    out = mp.get_context("spawn").Queue()
+    spawn(_replica_rank, len(trained), str(tmp_path), trained, out, bucket)
+    results = {}
+    while len(results) < len(trained):
+        rank, *rest = out.get(timeout=30)
+        results[rank] = tuple(rest)
+    return results
 
 
 @pytest.mark.timeout(400)

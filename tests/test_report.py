@@ -78,9 +78,19 @@ def _render(summary: pd.DataFrame, out: Path, limits: dict, projection: Path | N
     return render(summary, out / "index.html", info, limits, env, projection).read_text()
 
 
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[str, Path]:
+    """The fixture runs' report with ``LIMITS`` and no projection, rendered once (1-2 s a rendering) for the tests
+    that only read it: its HTML and its folder."""
+    root = tmp_path_factory.mktemp("report")
+    shutil.copytree(FIXTURES / "runs", root / "runs")
+    summary = summarize(load_matrix(str(FIXTURES / "matrix.yaml")), sorted((root / "runs").glob("*/done.json")))
+    return _render(summary, root / "report", LIMITS), root / "report"
+
+
 @pytest.mark.timeout(120)
-def test_report_renders_every_section_self_contained(summary, tmp_path):
-    html = _render(summary, tmp_path / "report", LIMITS)
+def test_report_renders_every_section_self_contained(report):
+    html, folder = report
     for anchor in SECTIONS:
         assert f'id="{anchor}"' in html, anchor
     images = re.findall(r'<img [^>]*src="([^"]*)"', html)
@@ -88,30 +98,30 @@ def test_report_renders_every_section_self_contained(summary, tmp_path):
     assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.IGNORECASE)
     assert "<link" not in html and "<script" not in html
     for name in ("recovery_breakdown", "ckpt_overhead", "detection", "timeline"):
-        assert (tmp_path / "report" / f"fig_{name}.png").stat().st_size > 1000
-        assert len(pd.read_csv(tmp_path / "report" / f"{name}.csv")) > 0, name
+        assert (folder / f"fig_{name}.png").stat().st_size > 1000
+        assert len(pd.read_csv(folder / f"{name}.csv")) > 0, name
     for name in ("headline_strategies", "headline_faults", "environment", "inventory"):
-        assert (tmp_path / "report" / f"{name}.csv").exists()
-    breakdown = pd.read_csv(tmp_path / "report" / "recovery_breakdown.csv")  # every median with its n and interval
+        assert (folder / f"{name}.csv").exists()
+    breakdown = pd.read_csv(folder / "recovery_breakdown.csv")  # every median with its n and interval
     assert breakdown["recovery_time_s_n"].min() >= 1 and breakdown["recovery_time_s_low"].notna().all()
     assert breakdown["restart_n"].min() >= 1 and breakdown["restart_low"].notna().all()  # each phase too
-    assert "n=" in pd.read_csv(tmp_path / "report" / "ckpt_overhead.csv")["runs"].iloc[0]
-    detection = pd.read_csv(tmp_path / "report" / "detection.csv")  # coverage and latency each with n and CI
+    assert "n=" in pd.read_csv(folder / "ckpt_overhead.csv")["runs"].iloc[0]
+    detection = pd.read_csv(folder / "detection.csv")  # coverage and latency each with n and CI
     hit = detection[detection["detected"] > 0]
     assert len(hit) and (hit["latency_s_n"] == hit["detected"]).all() and hit["latency_s_level"].notna().all()
     assert detection["coverage_low"].notna().all() and (detection["coverage_high"] <= 1).all()
 
 
 @pytest.mark.timeout(120)
-def test_report_shows_failures_limits_ratios_and_methods(summary, tmp_path):
-    html = _render(summary, tmp_path / "report", LIMITS)
+def test_report_shows_failures_limits_ratios_and_methods(report):
+    html, folder = report
     assert "2 cell(s) did not produce a usable result" in html
     assert "fault.at_step=20: must be in [0, 11] for steps=12" in html
     assert "mismatched input" in html  # the failed cell's log tail
-    strategies = pd.read_csv(tmp_path / "report" / "headline_strategies.csv").set_index("strategy")
+    strategies = pd.read_csv(folder / "headline_strategies.csv").set_index("strategy")
     sync = strategies.loc["sync"]
     assert sync["write_pct_of_disk"] == pytest.approx(100 * sync["write_MBps"] / 500)
-    faults = pd.read_csv(tmp_path / "report" / "headline_faults.csv")
+    faults = pd.read_csv(folder / "headline_faults.csv")
     none_kill = faults[(faults["strategy"] == "none")].iloc[0]
     assert none_kill["lost_steps"] == 7 and none_kill["lost_steps_vs_sync"] == pytest.approx(7 / 3)
     assert "vs sync" in html
@@ -191,9 +201,8 @@ def test_counts_are_of_what_the_matrix_asked_for_and_unmeasured_rows_stay(runs, 
 
 
 @pytest.mark.timeout(120)
-def test_an_invalid_cell_is_not_measured_for_an_error(summary, tmp_path):
-    _render(summary, tmp_path / "report", LIMITS)
-    faults = pd.read_csv(tmp_path / "report" / "headline_faults.csv")
+def test_an_invalid_cell_is_not_measured_for_an_error(report):
+    faults = pd.read_csv(report[1] / "headline_faults.csv")
     row = faults[(faults["strategy"] == "sync") & faults["fault"].str.contains("at_step=20")].iloc[0]
     assert row["note"] == "not measured (error)" and row["cells"] == 1 and row["runs"] == 1
 
@@ -309,27 +318,15 @@ def test_an_unrecovered_run_is_counted_apart_with_its_reason_not_as_not_bit_exac
 
 
 @pytest.mark.timeout(180)
-def test_a_scenario_of_the_users_own_is_projected_and_a_bad_one_is_one_line(summary, tmp_path, capsys):
-    """``--config scenario=PATH`` (reports.scenario_choice): the user's YAML, not a built-in, is what the projection
-    projects to; a name that is neither says so in one line, exit 2."""
-    import yaml
-
+def test_a_scenario_that_is_none_is_one_line(tmp_path, capsys):
+    """``--config scenario=PATH`` (reports.scenario_choice): a name that is neither a built-in nor a YAML's path says
+    so in one line, exit 2. A YAML of the user's own, projected: tests/test_pipeline.py's smoke matrix end to end."""
     from reports import project as project_cmd
-    from reports.scenario_choice import SCENARIOS, ScenarioError, chosen
+    from reports.scenario_choice import ScenarioError, chosen
 
-    spec = yaml.safe_load((SCENARIOS / "llama3_405b.yaml").read_text())
-    spec.update(name="my_cluster", gpus=2048)
-    mine = tmp_path / "my_cluster.yaml"
-    mine.write_text(yaml.safe_dump(spec))
-    csv = tmp_path / "summary.csv"
-    summary.to_csv(csv, index=False)
-    status = project(csv, tmp_path / "projection" / "projection_status.json", chosen(str(mine)))
-    assert status["ok"], status["error"]
-    projected = pd.read_csv(tmp_path / "projection" / "projection_summary.csv")
-    assert set(projected["gpus"]) == {2048}
     with pytest.raises(ScenarioError, match=r"scenario=nope: must be one of .*llama3_405b"):
         chosen("nope")
-    assert project_cmd.main([str(csv), str(tmp_path / "p2" / "s.json"), "nope"]) == 2
+    assert project_cmd.main([str(tmp_path / "summary.csv"), str(tmp_path / "p2" / "s.json"), "nope"]) == 2
     assert capsys.readouterr().err.startswith("error: scenario=nope: must be one of")
 
 
