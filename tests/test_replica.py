@@ -152,7 +152,8 @@ def test_a_dlrm_replacement_built_uninitialised_ends_bit_exact(tmp_path):
 
 CONTINUE = [
     # a replacement started from scratch (cold, as in production, whatever the suite's RB_RESTARTS)
-    ("the survivor trains alone until the end; the replacement heals into the final state", ("supervisor.restarts=cold",)),
+    ("the survivor trains alone until the end; the replacement heals into the final state",
+     ("supervisor.restarts=cold",)),
     # the ranks start cold too, as in production: a spare started beside them is ready when they have trained a few
     # steps (beside ranks forked preloaded, it raced the survivor's last steps and could lose on a busy host)
     ("a warm spare is ready mid-run: it heals at a step boundary and both train on",
