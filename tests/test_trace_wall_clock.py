@@ -158,7 +158,16 @@ def test_the_wall_clock_prediction_is_the_projections_closed_form_at_the_given_m
 def test_a_lag_that_outlasts_the_strike_loses_the_interval_too():
     assert lost_per_failure(COSTS, [0.075]) - lost_per_failure(COSTS, [0.0]) == pytest.approx(
         5 * 0.075 / (5 * 0.075 + 0.1))
-    assert lost_per_failure(COSTS, [-0.01]) == lost_per_failure(COSTS, [0.0])  # sync: durable before training goes on
+
+
+def test_a_save_recoverable_inside_its_stall_exposes_only_the_stall_before_it():
+    # in-memory: its snapshot committed while the stall goes on persisting it to disk (a lag below 0); half of the
+    # saves so, 0.06 s before the stall's end: the interval is lost over 0.1 - 0.03 s of the stall on average
+    cycle = 5 * 0.075 + 0.1
+    assert lost_per_failure(COSTS, [-0.06, 0.0]) == pytest.approx(5 * (0.075 * 2 + 0.07) / cycle)
+    assert lost_per_failure(COSTS, [-0.06, 0.0]) < lost_per_failure(COSTS, [0.0])
+    # recoverable before the stall began (never negative exposure): the stall loses nothing
+    assert lost_per_failure(COSTS, [-0.5]) == pytest.approx(5 * 0.075 * 2 / cycle)
 
 
 def test_the_bench_takes_the_clock_and_its_mtbf_as_its_own_options(tmp_path, capsys):

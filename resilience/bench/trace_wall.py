@@ -67,9 +67,13 @@ def at_mtbf(costs: RunCosts, lags: dict[str, list[float]], share: dict[str, floa
 
 def lost_per_failure(costs: RunCosts, lags: list[float]) -> float:
     """The steps a failure at a uniform point of a checkpoint's cycle (every steps of t_w, then the stall C) loses:
-    d in a step d steps after the checkpoint, every in the stall (the save it interrupts is not recoverable), and
-    every more while the previous checkpoint's lag runs after its stall (the mean measured lag, at most the
-    interval's compute)."""
+    d in a step d steps after the checkpoint; every in the stall until the save is recoverable (the save it
+    interrupts is not), and every more while the previous checkpoint's lag runs after its stall (the mean measured
+    lag, at most the interval's compute). A save recoverable before its stall ends has a negative lag: the rest of
+    its stall loses nothing (in-memory's snapshot is committed while every few saves also persist to disk, inside
+    the stall)."""
     tw, every, stall = costs.step_wall_s, costs.every, costs.stall_s
-    lag = float(np.mean(np.clip(np.asarray(lags), 0.0, every * tw)))
-    return every * (tw * (every - 1) / 2 + stall + lag) / (every * tw + stall)
+    measured = np.asarray(lags)
+    exposed = max(stall + float(np.mean(np.clip(measured, -stall, 0.0))), 0.0)  # the stall before recoverable
+    lag = float(np.mean(np.clip(measured, 0.0, every * tw)))
+    return every * (tw * (every - 1) / 2 + exposed + lag) / (every * tw + stall)
