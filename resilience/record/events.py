@@ -50,6 +50,10 @@ class EventLog:
             os.fsync(self._fd)
         return event
 
+    def sync(self) -> None:
+        """Everything emitted so far on disk (what ``fsync=True`` does, later: after a time-critical action)."""
+        os.fsync(self._fd)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
