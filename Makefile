@@ -108,4 +108,4 @@ gpu-check:
 # the fault-free reference of its training; ~20 min on 2 idle cores.
 .PHONY: trace
 trace: $(STAMP)
-	$(PY) -m resilience.bench.trace --clock wall --steps 1400 --mtbf-s 4 --arrivals stratified
+	$(PY) -m resilience.bench.trace --clock wall --steps 1400 --mtbf-r 1.33 --arrivals stratified
