@@ -6,8 +6,9 @@ the wall time to N steps (the first step's start to the last step's end), ETTR a
     python -m resilience.bench.trace [--strategies sync,async,inmemory] [--clock wall] [--steps 200]
                                      [--mtbf-s 4] [--mtbf-steps 40] [--seed 11] [--arrivals stratified]
                                      [--out results/trace] [OVERRIDE ...]
-    make trace: --clock wall --steps 1400 --mtbf-s 4 --arrivals stratified (~20 min on 2 idle cores: per
-                technique ~60-80 failures, ~30-40 of them in training, the rest in recoveries)
+    make trace: --clock wall --steps 1400 --mtbf-r 1.33 --arrivals stratified (~20 min on 2 idle cores where
+                a cold start takes ~3 s, ~35 where it takes ~4-5 s: per technique ~60-80 failures, ~30-40 of them
+                in training, the rest in recoveries)
 
 Two clocks (``--clock``, the trace runs' ``fault.clock``). **wall** (the default): failures arrive as a Poisson
 process over the run's wall time from its first training step's start, ``--mtbf-s`` seconds apart on average,
