@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from injectors.base import Injector
@@ -19,6 +18,7 @@ from resilience.detectors.base import Detector
 from resilience.parallel.base import Parallelism
 from resilience.parallel.ddp import DataParallel
 from resilience.recovery.base import RecoveryPolicy
+from resilience.settings.build import instantiate  # Hydra's, without its import where it need not
 from resilience.strategies.base import CheckpointStrategy
 from resilience.strategies.interval import AutoInterval, interval_of
 from resilience.workloads.base import Workload

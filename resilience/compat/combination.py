@@ -11,7 +11,7 @@ from typing import Any
 
 from resilience.caps import Caps, DetectorCaps, InjectorCaps, ParallelCaps, PolicyCaps, StrategyCaps, WorkloadCaps
 from resilience.compat.options import GROUPS, listing, Option, options, run_settings
-from resilience.settings.schema import Data, Launcher, LrSchedule, Precision, Rng
+from resilience.settings.choices import Data, Launcher, LrSchedule, Precision, Rng
 
 # The run's settings that rules read, and the values the table is rendered and tested over.
 RUN = {"world_size": (1, 2, 3, 4), "supervisor.launcher": tuple(launcher.value for launcher in Launcher),

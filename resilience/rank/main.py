@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from resilience.runtime.rank import DRAIN_EXIT, NOTHING_TO_RECOVER_EXIT, NOTICE_EXIT, RECOVERY_EXIT
@@ -29,7 +28,8 @@ from resilience.rank.group import RankGroup
 from resilience.rank.orphan import die_with_parent
 from resilience.record.board import Beater
 from resilience.settings.identity import RunIdentity, job_first_attempt
-from resilience.config import on_this_node
+from resilience.settings.node import on_this_node
+from resilience.settings.build import instantiate
 from resilience.roles import build_roles
 from resilience.runtime.rank import RankRuntime
 from resilience.rank.process import configure_determinism, redirect_output

@@ -19,6 +19,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
 from resilience.settings.checks import require_choice, require_int, require_number
+from resilience.settings.choices import Data, Launcher, LrSchedule, Precision, Rng  # noqa: F401 - the schema's too
 
 SCHEMA_NAME = "base_config"  # what conf/config.yaml's defaults list names
 Number = Union[int, float]  # not float: an int stays an int, so the resolved config reads as written
@@ -42,13 +43,6 @@ class Backend(str, Enum):
     auto = "auto"
     gloo = "gloo"
     nccl = "nccl"
-
-
-class Launcher(str, Enum):
-    local = "local"
-    external = "external"
-    torchrun = "torchrun"
-    ft_launcher = "ft_launcher"
 
 
 class ProcessStart(str, Enum):  # how a rank process starts: forked from the zygote, or a fresh interpreter
@@ -114,27 +108,6 @@ class ReferenceCheck(str, Enum):
 class Reference:
     check: ReferenceCheck = ReferenceCheck.auto
     index: str = "results/references"
-
-
-class Rng(str, Enum):
-    reseed = "reseed"
-    carried = "carried"
-
-
-class LrSchedule(str, Enum):
-    constant = "constant"
-    warmup_cosine = "warmup_cosine"
-
-
-class Precision(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Data(str, Enum):
-    synthetic = "synthetic"
-    loader = "loader"
 
 
 @dataclass
