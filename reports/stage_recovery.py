@@ -26,11 +26,12 @@ from reports.tables import bit_exact, col, medians, noisy, not_measured, ok_runs
 PIPELINES = ("pp", "pp_dp")
 BASELINE = "none"
 PARTS = ("detect", "restart", "load", "replay")
-TIMED = ["step_ms", "recovery_s", *(f"{p}_s" for p in PARTS), "lost_work_s"]
+TIMED = ["step_ms", "recovery_s", *(f"{p}_s" for p in PARTS), "stage_replay_s", "lost_work_s"]
 COLUMNS = [("parallel", "parallel"), ("technique", "technique"), ("step_ms", "step, fault-free (ms)"),
            ("vs_none", "step / none's"), ("log_B_step", "logged per step (B)"), ("log_held_MB", "log held, max (MB)"),
            ("peak_MB", "peak memory, all ranks (MB)"), ("recovery_s", "recovery (s)"),
-           *((f"{p}_s", f"{p} (s)") for p in PARTS), ("lost_steps", "steps trained again"),
+           *((f"{p}_s", f"{p} (s)") for p in PARTS), ("stage_replay_s", "of which a stage's replay (s)"),
+           ("lost_steps", "steps trained again"),
            ("recomputed", "stage-steps recomputed"), ("lost_work_s", "lost work (s)"), ("bit_exact", "bit-exact"),
            ("noisy", "noisy (left out)"), ("note", "")]
 TEXT = ["parallel", "technique", "vs_none", "bit_exact", "noisy", "note"]
@@ -78,6 +79,8 @@ def _row(parallel: str, technique: str, rows: pd.DataFrame, base_step: pd.Series
     ok_free, ok_killed = ok[_fault_free(ok)], ok[~_fault_free(ok)]
     step = col(free, "step_time_s") * 1000
     parts = {f"{p}_s": col(killed, f"recovery_breakdown_s.{p}") for p in PARTS}
+    # swift_log's replay of the lost stage happens before its load ends: part of "load", shown on its own
+    parts["stage_replay_s"] = col(killed, "stage_log.replay_s")
     held = _count(col(ok_free, "stage_log.held_peak_bytes"))
     peak = _count(col(free, "host_memory_peak_bytes"))
     return {"parallel": parallel, "technique": technique,

@@ -36,7 +36,7 @@ def summary(**changes) -> pd.DataFrame:
               "recovery_breakdown_s.restart": [6.0, 7.0, 8.0], "recovery_breakdown_s.load": 0.7,
               "recovery_breakdown_s.replay": 0.4, "lost_work_s": 0.4, "lost_steps": 3}
     swift = {**killed, "recovery_time_s": [5.0, 5.5, 6.0], "recovery_breakdown_s.replay": 0.0, "lost_steps": 0,
-             "lost_work_s": 0.0, "stage_log.replayed_stage_steps": 3}
+             "lost_work_s": 0.0, "stage_log.replayed_stage_steps": 3, "stage_log.replay_s": [0.2, 0.25, 0.3]}
     frame = pd.DataFrame(
         runs("pp", "none", "none", step_time_s=[0.050, 0.052, 0.054], host_memory_peak_bytes=1e9)
         + runs("pp", "sync", "none", step_time_s=[0.060, 0.061, 0.062], host_memory_peak_bytes=1e9)
@@ -60,6 +60,7 @@ def test_one_row_per_setting_and_technique_set_against_none_with_what_the_log_an
     assert sync["recovery_s"] == 9.0 and sync["restart_s"] == 7.0 and sync["recovery_s_n"] == 3
     assert sync["lost_steps"] == 3 and sync["recomputed"] == 6  # both stages train steps 4-6 again
     assert swift["lost_steps"] == 0 and swift["recomputed"] == 3  # the lost stage replays them alone
+    assert swift["stage_replay_s"] == 0.25 and pd.isna(sync["stage_replay_s"])
     assert swift["bit_exact"] == "yes" and swift["noisy"] == "0 of 6"
     assert rows.loc[("pp_dp 2x2", "none"), "vs_none"] == "-"  # none of each setting is its own baseline
 
