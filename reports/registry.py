@@ -120,6 +120,15 @@ for _figure in (
                      "at a failure) against training with no checkpoint code, fault-free runs (medians; bars: the "
                      "median's interval, 95% from 6 runs, else the runs' range at its own level); the table adds the "
                      "shadow's lag behind the training (a lag of a whole step is a step a failure would lose)."),
+    Measured("stage_recovery", "Pipeline parallelism: logging overhead and recovery side by side",
+             "reports.stage_recovery:stage_recovery", note="reports.stage_recovery:stage_recovery_note",
+             shown="reports.stage_recovery:has_stage_cells",
+             caption="gpt_tiny cut into 2 stages, one pipeline (pp) and two replicated (pp_dp 2x2, 4 ranks on 2 "
+                     "cores: contended step times), per technique: the fault-free step against none's (no "
+                     "checkpoint, no log), the boundary log's bytes per step and most held, the run's peak memory; "
+                     "after stage 1's rank is killed, the recovery and its parts, the steps trained again, the "
+                     "stage-steps recomputed and the lost work (medians of ok, quiet runs; bars: the median's "
+                     "interval, 95% from 6 runs, else the runs' range at its own level, 75% at n=3)."),
     Projected("goodput_vs_interval", "projection_interval_sweep.csv",
               "Projection: goodput against the checkpoint interval per strategy at the scenario's size; the star "
               "marks each strategy's optimal interval. Look at the height and the width of each peak: a flat peak "

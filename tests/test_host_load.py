@@ -204,8 +204,11 @@ def test_rerun_noisy_makes_the_summary_again_so_that_the_cells_set_aside_run_aga
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "done.json").write_text(json.dumps({"cell": name, "validity": "valid"}))
     (tmp_path / "summary.csv").write_text("cell\n")
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "index.html").write_text("<html>")
     pipeline_config({"matrix": "smoke", "results": str(tmp_path), "rerun_noisy": "true"})
     assert (tmp_path / "summary.csv").exists()  # nothing noisy: nothing to make again
     (tmp_path / "runs" / cells[0] / "done.json").write_text(json.dumps({"cell": cells[0], "validity": "noisy"}))
     pipeline_config({"matrix": "smoke", "results": str(tmp_path), "rerun_noisy": "true"})
     assert not (tmp_path / "summary.csv").exists() and not (tmp_path / "runs" / cells[0]).exists()
+    assert not (tmp_path / "report" / "index.html").exists()  # the target: Snakemake makes the chain again

@@ -197,3 +197,20 @@ def test_with_a_clip_the_replay_clips_by_the_logged_norms_of_every_stage_bit_exa
                             "fault.at_step=7", clip, timeout=400)
     mine = replaced_alone(tmp_path / "hit", result, ref, rank=0)
     assert [(e["from_step"], e["step"]) for e in mine if e["kind"] == "stage_replayed"] == [(4, 7)]
+
+
+# Selective logging on 2 stages (strategy=swift_log_selective, log_every=2): no boundary logged, so the survivor
+# cannot serve a replay; it steps back in place to checkpoint 4 beside the replacement (its process kept), and the
+# pipeline trains steps 4-6 again (long tier: CI keeps the replay from the log).
+@pytest.mark.timeout(600)
+def test_selective_logging_on_two_stages_steps_every_stage_back_in_place_bit_exact(tmp_path, pp_reference):
+    result = run_experiment(tmp_path / "hit", *RUN[:3], "strategy=swift_log_selective", *RUN[4:], "checkpoint.every=4",
+                            "fault=kill", "fault.rank=1", "fault.at_step=7", timeout=400)
+    assert result["status"] == "ok" and result["recovered"], result.get("error")
+    assert result["final_state_sha256"] == pp_reference["final_state_sha256"]
+    assert result["ranks_restarted"] == [1] and result["survivors_restarted"] is False
+    assert result["lost_steps"] == 3 and result["stage_log"]["bytes_per_step"] == 0
+    events = read_events(tmp_path / "hit")
+    assert {e["rank"]: e["step"] for e in events if e["kind"] == "stage_loaded"} == {0: 4, 1: 4}
+    assert not [e for e in events if e["kind"] == "stage_replayed"]
+    assert [e["kept"] for e in events if e["kind"] == "stage_rejoined"] == [False, False]

@@ -52,6 +52,8 @@ LONG: dict[str, str] = {
     "tests/test_swift_log.py::test_a_warm_spare_takes_the_lost_stage_and_ends_bit_exact": "spare sweep",
     "tests/test_swift_log.py::test_with_a_clip_the_replay_clips_by_the_logged_norms_of_every_stage_bit_exact":
         "loop settings sweep",
+    "tests/test_swift_log.py::test_selective_logging_on_two_stages_steps_every_stage_back_in_place_bit_exact":
+        "log setting sweep",
     # resharding 4 -> 2: CI keeps 2 -> 4 (tests/test_grow.py)
     "tests/test_sharded.py::test_a_checkpoint_of_4_shards_loads_on_2_ranks_as_the_saved_global_state": "resharding",
     # the libraries on sharded models: CI keeps our sharded strategies and each library unsharded

@@ -97,6 +97,8 @@ class BoundaryLog:
         self._memory: dict[Key, tuple[torch.Tensor, ...]] = {}  # in the order recorded: the oldest spills first
         self._spilled: dict[Key, int] = {}  # key -> bytes of its file
         self.held_bytes = 0  # the tensors' bytes held in memory now
+        self.held_peak = 0  # the most held at once (within the budget): the log's memory cost over the run
+        self.step_bytes_max = 0  # the most one step logged (kept past discard_before, which empties bytes_by_step)
         self.bytes_by_step: dict[int, int] = {}  # the tensors' bytes logged per step (held or spilled)
         self.spilled_total = 0  # bytes written to spill files since the start (the disk traffic)
         # train.clip_norm: per step, every stage's gradient norm in stage order (what the clip divided by), and the clip
@@ -133,6 +135,8 @@ class BoundaryLog:
         self.held_bytes += nbytes
         self.bytes_by_step[key.step] = self.bytes_by_step.get(key.step, 0) + nbytes
         self._enforce_budget()
+        self.held_peak = max(self.held_peak, self.held_bytes)
+        self.step_bytes_max = max(self.step_bytes_max, self.bytes_by_step[key.step])
         return nbytes
 
     def get(self, step: int, kind: str, micro: int) -> tuple[torch.Tensor, ...]:
@@ -177,12 +181,14 @@ class BoundaryLog:
         return sum(self._spilled.values())
 
     def stats(self) -> dict[str, int]:
-        """What the log costs now, ready for an event: memory held, disk held, entries, the last step's bytes."""
+        """What the log costs now, ready for an event: memory held (now and at most), disk held, entries, the last
+        step's bytes and the most one step logged."""
         last = max(self.bytes_by_step, default=None)
-        return {"held_bytes": self.held_bytes, "spilled_bytes": self.spilled_bytes,
+        return {"held_bytes": self.held_bytes, "held_peak": self.held_peak, "spilled_bytes": self.spilled_bytes,
                 "spilled_total": self.spilled_total, "entries": len(self._memory) + len(self._spilled),
                 "last_step": -1 if last is None else last,
-                "last_step_bytes": 0 if last is None else self.bytes_by_step[last]}
+                "last_step_bytes": 0 if last is None else self.bytes_by_step[last],
+                "step_bytes_max": self.step_bytes_max}
 
     def export(self, first: int, last: int, kind: str) -> bytes:
         """The ``kind`` entries of steps ``first..last``, sealed and laid end to end: what a neighbour sends to a

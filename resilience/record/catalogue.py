@@ -156,7 +156,8 @@ _STRATEGY: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "a survivor is back in the full group with the replacement (under parallel=pp_dp with its `stage` and "
      "`regroup_s`: its pipeline's and stage's groups and its schedule formed again)"),
     ("log_discarded", ("dropped", "held_bytes", "spilled_bytes", "entries"), "strategy=swift_log: the checkpoint of "
-     "`step` is committed; the stage's log entries before it were dropped, what it holds now"),
+     "`step` is committed; the stage's log entries before it were dropped, what it holds now (`held_peak`: the most "
+     "held so far, `step_bytes_max`: the most one step logged)"),
     ("stage_loaded", ("bytes", "duration_s"), "strategy=swift_log: a replaced stage loaded its own state of `step` "
      "(0: no checkpoint, the seed's), by itself, while the other stages kept theirs"),
     ("stage_replayed", ("from_step", "steps", "duration_s", "received_bytes", "sources"), "strategy=swift_log: a "

@@ -57,6 +57,7 @@ def compute_result(events: list[dict], run: dict[str, Any]) -> dict[str, Any]:
         **_checkpoint_metrics(rank0),
         "step_time_s": median(step_times(rank0)),
         "shadow": _shadow(events),
+        "stage_log": _stage_log(events),
     }
     # why the supervisor ended the run before its restart budget (``replica`` with every replica lost), else None
     result["unrecoverable"] = (first(sup, "unrecoverable") or {}).get("reason")
@@ -346,6 +347,26 @@ def _shadow(events: list[dict]) -> dict[str, Any] | None:
     return {"applied_steps": steps, "lag_s_mean": sum(e["lag_s_mean"] * e["steps"] for e in lags) / steps,
             "lag_s_max": max(e["lag_s_max"] for e in lags), "lag_steps_max": max(e["lag_steps_max"] for e in lags),
             "apply_s_mean": sum(e["apply_s_mean"] * e["steps"] for e in lags) / steps}
+
+
+def _stage_log(events: list[dict]) -> dict[str, Any] | None:
+    """strategy=swift_log: what its boundary log cost (``log_discarded``, after each committed checkpoint: the most
+    one step logged and the most held in memory, per stage, summed over the stages as the pipeline pays them) and
+    what its recovery recomputed (``stage_replayed``: stage-steps replayed alone, their time, the log received;
+    ``stage_loaded`` by a survivor that stepped back, under selective logging). None for any other strategy."""
+    kept = [e for e in events if e["kind"] == "log_discarded"]
+    replays = [e for e in events if e["kind"] == "stage_replayed"]
+    if not kept and not replays:
+        return None
+    step_bytes: dict[int, int] = {}
+    held: dict[int, int] = {}
+    for e in kept:  # events of an older run carry neither field: 0
+        step_bytes[e["rank"]] = max(step_bytes.get(e["rank"], 0), e.get("step_bytes_max", 0))
+        held[e["rank"]] = max(held.get(e["rank"], 0), e.get("held_peak", 0))
+    return {"bytes_per_step": sum(step_bytes.values()), "held_peak_bytes": sum(held.values()),
+            "replayed_stage_steps": sum(e["steps"] for e in replays),
+            "replay_s": sum(e["duration_s"] for e in replays),
+            "received_bytes": sum(e["received_bytes"] for e in replays)}
 
 
 def _ettr(rank0: list[dict]) -> float | None:

@@ -112,8 +112,11 @@ class SwiftLog(SyncCheckpoint):
                         recovers_in_place=True, replays_stage=True)
 
     def __init__(self, every: int, keep: int, budget_bytes: int | None = None,
-                 replace_timeout_s: float = 120.0) -> None:
+                 replace_timeout_s: float = 120.0, log_every: int = 1) -> None:
         super().__init__(every, keep)
+        # selective logging: boundary b is logged when b % log_every == 0 (boundary_log.sends_logged); on 2 stages
+        # log_every=2 logs nothing, and a lost stage's group is the whole pipeline: every stage steps back in place
+        self.log_every = require_int("strategy.log_every", log_every, 1)
         # the log's memory, the rest spilled to the run directory (None: all in memory)
         self.budget_bytes = None if budget_bytes is None else require_int("strategy.budget_bytes", budget_bytes, 0)
         self.replace_timeout_s = require_number("strategy.replace_timeout_s", replace_timeout_s, above=0)
@@ -134,7 +137,7 @@ class SwiftLog(SyncCheckpoint):
             raise ValueError("strategy=swift_log: logs a pipeline stage's sends; use parallel=pp")
         rt, layout = self.rt, runner.layout
         spill = None if self.budget_bytes is None else rt.run_dir / SPILL_DIR / f"rank{rt.rank}-attempt{rt.attempt}"
-        self.log = BoundaryLog(sends_logged(layout.stage, layout.stages), self.budget_bytes, spill)
+        self.log = BoundaryLog(sends_logged(layout.stage, layout.stages, self.log_every), self.budget_bytes, spill)
         self._runner = runner
         runner.log = self.log
         runner.reset()  # a logging stage from the first step
@@ -174,11 +177,24 @@ class SwiftLog(SyncCheckpoint):
         while True:
             self._next_generation(error)
             try:
-                return self._meet(state, Standing(True, position, self._kept_from), t0)[0]
+                mine = Standing(True, position, self._kept_from) if self.log.kinds else self._step_back(state, t0)
+                return self._meet(state, mine, t0)[0]
             except ReplayRefused:
                 raise
             except RuntimeError as exc:  # lost again while recovering (the replacement in its replay, say)
                 error = exc
+
+    def _step_back(self, state: TrainState, t0: float) -> Standing:
+        """A survivor whose stage logs nothing (selective logging, ``log_every``): no neighbour can be replayed from
+        it, so it stands as the replacement does, at the newest checkpoint loaded in place (its process and its
+        memory kept), and the pipeline trains the steps since again: Swift's group restart, here of every stage."""
+        start, nbytes = self._load_own(state)
+        if start == 0:  # the state of step 0 is the seed's, which this rank no longer holds
+            raise ReplayRefused(f"swift_log: strategy.log_every={self.log_every} logs none of stage "
+                                f"{self._runner.layout.stage}'s sends and no checkpoint was committed to step back to")
+        self._kept_from = start
+        self.rt.events.emit("stage_loaded", step=start, bytes=nbytes, duration_s=time.monotonic() - t0)
+        return Standing(False, start, start)
 
     def _next_generation(self, error: BaseException) -> None:
         """Form the next generation's group (re-raises ``error`` when none opens) and the stage over it."""
