@@ -128,7 +128,9 @@ def test_a_node_lost_and_returned_trains_on_2_ranks_then_4(tmp_path):
                        "seed=0", "detector=[process_exit]", timeout=500)
     assert r["status"] == "ok" and r["recovered"] and r["attempts"] == 3
     sizes = [(s["world_size"], s["first_step"], s["last_step"]) for s in r["world_sizes"]]
-    # the 2 ranks may step past the boundary before the supervisor stops them: those steps are replayed at 4
-    assert sizes[0] == (4, 1, 6) and sizes[1][:2] == (2, 5) and sizes[1][2] >= 8 and sizes[2] == (4, 9, 24)
+    # rank 0, on the lost node, ends step 6 or is killed in it (5 on a VM whose steps are slower, 2026-11-28); the 2
+    # ranks may step past the boundary before the supervisor stops them: those steps are replayed at 4
+    assert sizes[0][:2] == (4, 1) and sizes[0][2] in (5, 6)
+    assert sizes[1][:2] == (2, 5) and sizes[1][2] >= 8 and sizes[2] == (4, 9, 24)
     assert [(e["direction"], e["world_size"], e["step"]) for e in r["world_resizes"]] == [("down", 2, 4), ("up", 4, 8)]
     assert r["steps_completed"] == 24 and r["grow_s"]["load"] > 0
