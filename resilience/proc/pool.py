@@ -25,6 +25,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from resilience.proc import forkserver
@@ -41,6 +42,7 @@ PRELOAD = ("torch", "torch._inductor.config", "torch._dynamo", "torch.nn.paralle
            "resilience.supervise.replacing", "resilience.record.result", "resilience.compat")
 
 _stub: int | None = None  # in a supervisor forked from the pool: the process its cell started in its place
+_imports_s = 0.0  # in a supervisor forked from the pool: the seconds the pool took to import what it inherited
 
 
 def command(module: str, args: list[str]) -> list[str]:
@@ -65,9 +67,15 @@ def guard() -> None:
         die_with(_stub)
 
 
-def _as_supervisor(request: dict, _module: str) -> None:
-    global _stub
-    _stub = int(request["stub"])
+def inherited_imports_s() -> float:
+    """The imports this process inherited from the pool (0 when it was started cold): part of what a cold start
+    of its ranks pays that a zygote forked from it does not measure (a replacement's deadline counts on it)."""
+    return _imports_s
+
+
+def _as_supervisor(request: dict, _module: str, imports_s: float) -> None:
+    global _stub, _imports_s
+    _stub, _imports_s = int(request["stub"]), imports_s
     sys.modules.pop("resilience.__main__", None)  # imported for its imports: run afresh as __main__, as -m does
 
 
@@ -78,7 +86,7 @@ def serve(name: str, parent_pid: int) -> None:
     print("listening", flush=True)
     wake_r, wake_w = forkserver.child_ends()
     stubs: dict[int, socket.socket] = {}
-    imported, accepting = False, True
+    imports_s, accepting = None, True
     while accepting or stubs:
         # watched while it takes cells: the pipeline's end (its pidfd) and its close (stdin's end)
         readable, _, _ = select.select([wake_r] + ([parent, sys.stdin, listener] if accepting else []), [], [])
@@ -90,11 +98,13 @@ def serve(name: str, parent_pid: int) -> None:
             forkserver.report_ends(stubs)
         if accepting and listener in readable:
             conn, _ = listener.accept()
-            if not imported:  # at the first cell, not at the pipeline's start: the probe runs alone
+            if imports_s is None:  # at the first cell, not at the pipeline's start: the probe runs alone
+                began = time.perf_counter()
                 for module in PRELOAD:
                     importlib.import_module(module)
-                imported = True
-            pid = forkserver.fork_for(conn, [listener, parent, wake_r, wake_w], (SUPERVISOR,), _as_supervisor)
+                imports_s = time.perf_counter() - began
+            pid = forkserver.fork_for(conn, [listener, parent, wake_r, wake_w], (SUPERVISOR,),
+                                      lambda request, module: _as_supervisor(request, module, imports_s))
             if pid:
                 stubs[pid] = conn
 

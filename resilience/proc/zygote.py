@@ -170,7 +170,8 @@ def serve(name: str, ranks: int | None, supervisor_pid: int, modules: list[str])
         ranks = int(orders[0])
         for module in orders[1:]:
             importlib.import_module(module)
-    imports_s = time.perf_counter() - began
+    # with what a supervisor forked from the pipeline's pool inherited: a cold replacement pays that too
+    imports_s = time.perf_counter() - began + pool.inherited_imports_s()
     wake_r, wake_w = forkserver.child_ends()
     stubs: dict[int, socket.socket] = {}  # rank pid -> its stub's connection
     started, limit = 0, ranks or float("inf")

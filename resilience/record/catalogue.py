@@ -102,8 +102,8 @@ _SUPERVISOR: tuple[tuple[str, tuple[str, ...], str], ...] = (
 _RANK: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("run_start", ("pid", "world_size", "device", "backend", "preloaded", "preload_s", "age_s", "join_s"),
      "a rank process is set up and about to load (preloaded: forked from the zygote, resilience.proc.zygote; "
-     "preload_s: the zygote's imports it did not pay, None when cold; age_s: since the process was created, "
-     "join_s: of that, forming its process group)"),
+     "preload_s: the imports it did not pay, its zygote's and the pipeline pool's, None when cold; "
+     "age_s: since the process was created, join_s: of that, forming its process group)"),
     ("step_end", ("loss", "duration_s"), "a training step is done; `duration_s` is its loop iteration"),
     ("resumed", ("fault_step",), "a restarted rank is back at the step where the fault hit (replay over)"),
     ("recovery_requested", ("reaction", "detector", "rollback_to"), "a detection asks the supervisor for a restart"),

@@ -246,9 +246,10 @@ def measured_rank_start_s(events: list[dict]) -> float | None:
     """This run's cold rank start: the supervisor's ``launch`` -> the last first-generation ``run_start`` (every
     rank has then started an interpreter, imported torch, built its roles and formed the group). A first generation
     forked preloaded skipped the imports a replacement, always cold, pays: its zygote's import time (``preload_s``)
-    is added (an over-estimate where the zygote imported while the supervisor was still starting, as a deadline
-    may be: without it a preloaded start of 0.16 s on a loaded host made a 1.6 s deadline a cold replacement
-    missed)."""
+    is added, with the pipeline pool's imports its supervisor inherited (an over-estimate where the zygote imported
+    while the supervisor was still starting, and by the supervisor's own imports the pool's include, as a deadline
+    may be: without them a preloaded start of 0.16 s on a loaded host made a 1.6 s deadline a cold replacement
+    missed, and in the pipeline matrix one of 0.38 s a 3.8 s deadline)."""
     launch = next((e for e in events if e["kind"] == "launch" and e["rank"] is None), None)
     starts = [e["t_mono"] + (e.get("preload_s") or 0.0) for e in events
               if e["kind"] == "run_start" and e["attempt"] == 0]
