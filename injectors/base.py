@@ -2,7 +2,8 @@
 
 A fault fires at planned (rank, step, phase) points, the same plan on every rank, computed from the fault's seed
 without communication and without touching the global torch, numpy or random generators. Its ``fault_injected``
-record is written and fsynced *before* the destructive action (a SIGKILLed process cannot log afterwards), and
+record is written *before* the destructive action (a SIGKILLed process cannot log afterwards; fsynced first too,
+except from a striker, which syncs it after acting so that a busy disk does not delay the strike), and
 the records are also what make each planned point fire only once per run: restarted ranks pass the same steps
 again, find the records in the event log, and do not fire again. A fault that ``takes_step_list`` may be planned at
 several steps (``fault.at_step=[7,15,22]``, with one ``fault.phase`` or one per step): each fires once, in whichever
@@ -192,10 +193,15 @@ class Injector(Named, ABC):
         """The phase of planned point ``index``: its own in a list, else the one phase (a probability's draws)."""
         return self.phases[index] if self.listed else self.phase
 
-    def record(self, step: int, index: int, detail: dict[str, Any]) -> None:
-        """Write and fsync the ground-truth record of one firing, before its action."""
+    def record(self, step: int, index: int, detail: dict[str, Any], fsync: bool = True) -> None:
+        """Write (and fsync, unless a striker syncs it after its action) the ground-truth record of one firing,
+        before its action."""
         self.rt.events.emit("fault_injected", step=step, fault=self.name, phase=self._phase_of(index),
-                            plan_index=index, target_rank=self.rank, seed=self.seed, fsync=True, **detail)
+                            plan_index=index, target_rank=self.rank, seed=self.seed, fsync=fsync, **detail)
+
+    def sync_records(self) -> None:
+        """The records written without fsync, on disk."""
+        self.rt.events.sync()
 
     @abstractmethod
     def _plan_detail(self, step: int) -> dict[str, Any]:

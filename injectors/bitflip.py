@@ -124,9 +124,9 @@ class BitFlip(Injector):
     def _plan_detail(self, step: int) -> dict[str, Any]:
         return {}
 
-    def record(self, step: int, index: int, detail: dict[str, Any]) -> None:
+    def record(self, step: int, index: int, detail: dict[str, Any], fsync: bool = True) -> None:
         if detail:  # the base class calls this with an empty detail: _act writes the full record itself
-            super().record(step, index, detail)
+            super().record(step, index, detail, fsync)
 
     def _act(self, step: int) -> None:
         index = self._steps[step]

@@ -24,9 +24,11 @@ class Strikes(Protocol):
 
     def _plan_detail(self, step: int) -> dict: ...
 
-    def record(self, step: int, index: int, detail: dict) -> None: ...
+    def record(self, step: int, index: int, detail: dict, fsync: bool = True) -> None: ...
 
     def act_on(self, pid: int) -> None: ...
+
+    def sync_records(self) -> None: ...
 
 
 class Striker:
@@ -46,8 +48,12 @@ class Striker:
         try:  # the child: never returns into the rank's code
             time.sleep(delay_s)
             if os.getppid() == rank:  # the rank is still there (it did not end or die meanwhile)
-                fault.record(step, index, detail)
+                # written first (the kernel holds it), synced only after the action: an fsync first waits for a
+                # disk that a checkpoint's writes keep busy and so moves the strike past the checkpoint's stall
+                # (as the wall clock's striker did: injectors.wall_striker)
+                fault.record(step, index, detail, fsync=False)
                 fault.act_on(rank)
+                fault.sync_records()
         except BaseException:  # noqa: BLE001 - a child has no caller to report to; its exit code says it
             code = 1
         finally:

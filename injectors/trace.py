@@ -53,7 +53,8 @@ from resilience.settings.checks import require_choice, require_int, require_numb
 from resilience.workloads.base import stream_seed
 
 # Table 5 of the Llama 3 report, as the projection maps it (the crash kinds): the kind's weight and its fault.
-MIXES = {"llama3": {"node_loss": 315, "kill": 91}}
+# llama3: the trace's; one kind alone: the trace bench's fit runs, each recovery of one kind struck as the trace strikes
+MIXES = {"llama3": {"node_loss": 315, "kill": 91}, "kill": {"kill": 1}, "node_loss": {"node_loss": 1}}
 STRIKES = ("anywhere", "boundary")
 CLOCKS = ("steps", "wall")
 ARRIVAL_DRAWS = ("poisson", "stratified")
