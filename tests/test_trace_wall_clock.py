@@ -17,7 +17,7 @@ from injectors import wall_striker
 from injectors.trace import MIXES, Trace, arrivals, draw_wall
 from injectors.wall_striker import WallStriker
 from resilience.bench import trace as bench
-from resilience.bench.trace_wall import ARRIVALS, NOMINAL, lost_per_failure, predict_wall
+from resilience.bench.trace_wall import ARRIVALS, NOMINAL, lost_per_failure, lost_spread, predict_wall
 from resilience.projection.goodput import predicted_goodput
 from resilience.projection.run_model import RunCosts
 from resilience.record.board import STEP_START, Beater, create_board, reset_board
@@ -168,6 +168,46 @@ def test_a_save_recoverable_inside_its_stall_exposes_only_the_stall_before_it():
     assert lost_per_failure(COSTS, [-0.06, 0.0]) < lost_per_failure(COSTS, [0.0])
     # recoverable before the stall began (never negative exposure): the stall loses nothing
     assert lost_per_failure(COSTS, [-0.5]) == pytest.approx(5 * 0.075 * 2 / cycle)
+
+
+def test_the_chance_spread_of_a_failures_loss_is_the_models_own():
+    # no stall, no lag: d uniform over 0..4, mean 2 and variance (5^2 - 1) / 12 = 2
+    plain = RunCosts(steps=1000, every=5, step_s=0.07, step_wall_s=0.1, stall_s=0.0, startup_s=5.0,
+                     teardown_s=1.0, recovery_s=3.0)
+    assert lost_spread(plain, {"kill": [0.0]}, {"kill": 1.0}) == pytest.approx((2.0, math.sqrt(2.0)))
+    # a stall of a step's length: the interval (5) a sixth of the time, d = 0..4 the rest
+    stalled = RunCosts(**{**plain.__dict__, "stall_s": 0.1})
+    mean, sd = lost_spread(stalled, {"kill": [0.0]}, {"kill": 1.0})
+    assert mean == pytest.approx(15 / 6) and sd == pytest.approx(math.sqrt(55 / 6 - (15 / 6) ** 2))
+    # two kinds: a mixture (the mean's weighed, the spread holds the kinds' difference too)
+    mixed = lost_spread(stalled, {"kill": [0.0], "node_loss": [0.1]}, {"kill": 0.5, "node_loss": 0.5})
+    node = lost_spread(stalled, {"node_loss": [0.1]}, {"node_loss": 1.0})
+    assert mixed[0] == pytest.approx((mean + node[0]) / 2)
+    assert mixed[1] ** 2 == pytest.approx((sd ** 2 + node[1] ** 2) / 2 + ((mean - node[0]) / 2) ** 2)
+
+
+def test_several_traces_pool_as_one_longer_trace():
+    one = {"wall_s": 100.0, "ettr": 0.3, "lost_steps": 50.0, "faults": 30, "in_recoveries": 15, "R_trace": 5.0,
+           "matches": True}
+    two = {**one, "wall_s": 120.0, "ettr": 0.5, "lost_steps": 70.0, "faults": 40, "in_recoveries": 20, "R_trace": 6.0}
+    assert bench.pooled([one, two]) == {"wall_s": 220.0, "ettr": 0.4, "lost_steps": 120.0, "faults": 70,
+                                        "in_recoveries": 35, "R_trace": 5.5, "matches": True}
+    assert bench.pooled([one, {**two, "matches": False}])["matches"] is False
+    assert bench.pooled([one, {**two, "matches": None}])["matches"] is None  # unchecked: not called bit-exact
+    lags = {"kill": [0.0], "node_loss": [0.0]}
+    each = [predict_wall(COSTS, lags, 4.0, seed) for seed in (11, 12)]
+    both = bench.pooled_predictions(each)
+    assert both[NOMINAL]["wall_s"] == pytest.approx(2 * each[0][NOMINAL]["wall_s"])
+    assert both[ARRIVALS]["failures"] == each[0][ARRIVALS]["failures"] + each[1][ARRIVALS]["failures"]
+    assert both[ARRIVALS]["ettr"] == pytest.approx((each[0][ARRIVALS]["ettr"] + each[1][ARRIVALS]["ettr"]) / 2)
+
+
+@pytest.mark.parametrize("options", [["--seeds", "11,11"], ["--seeds", "11,x"],
+                                     ["--clock", "steps", "--seeds", "11,12"]])
+def test_bad_trace_seeds_are_refused_in_one_line(tmp_path, capsys, options):
+    assert bench.main([*options, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --seeds=")
 
 
 def test_the_bench_takes_the_clock_and_its_mtbf_as_its_own_options(tmp_path, capsys):

@@ -22,12 +22,12 @@ scatters far less around its expectation than a Poisson count's sqrt(K), with ea
 mean; a declared variance reduction, named in the table (``poisson`` draws them independently).
 
 Every cost a prediction uses is fitted on runs that are not the trace run (no parameter of a technique is taken
-from its own trace run): per technique a fault-free run and a run per failure kind (kills, node losses; 80 steps
-each, failures ~6 steps apart on the step clock, struck as the trace strikes: ``fit_runs``) give the step time
-t_w and the step's own t_d and the stall C a checkpoint costs the loop (the fault-free run's), the start-up and
-tear-down, the recovery R per kind (fault -> first step of the next attempt; weighed by the trace's mix), every
-checkpoint's lag from its stall's end until it can be recovered from, and when after a stall the loop reaches
-each later step boundary. On the wall clock: the closed form (``predicted_goodput``)
+from its own trace run): per technique a fault-free run (400 steps) and a run per failure kind (kills, node
+losses; 80 steps each, failures ~6 steps apart on the step clock, struck as the trace strikes: ``fit_runs``) give
+the step time t_w and the step's own t_d and the stall C a checkpoint costs the loop (the fault-free run's), the
+start-up and tear-down, the recovery R per kind (fault -> first step of the next attempt; weighed by the trace's
+mix), every checkpoint's lag from its stall's end until it can be recovered from, and when after a stall the loop
+reaches each later step boundary. On the wall clock: the closed form (``predicted_goodput``)
 at the given MTBF, and at the rate of the seeded arrivals that fall in the window it predicts (what the count of
 failures adds to the error: ``trace_wall``); failures in a recovery lose no step more. On the step clock:
 
@@ -66,15 +66,20 @@ import yaml
 
 from injectors.trace import ARRIVAL_DRAWS, BLOCK, CLOCKS, MIXES, STRIKES, draw, strike_fraction
 from resilience.bench import lineup
-from resilience.bench.trace_wall import ARRIVALS, NOMINAL, predict_wall
+from resilience.bench.trace_wall import ARRIVALS, NOMINAL, lost_spread, predict_wall
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
 from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s, step_start
 from resilience.record.events import read_events
+from resilience.record.query import recovery_window
 from resilience.record.fsio import atomic_write_bytes
 
 EVERY = 5
 FIT_STEPS = 80
+# the fault-free fit run, whose steps give t_w and t_d: at 80 steps its t_w scattered by ~14% between runs of one
+# technique on one VM (sync 0.102 / 0.090 / 0.102 s in its three fit runs, the trace's own 0.091 s), and the wall
+# time predicted is N x t_w / g
+FIT_STEADY_STEPS = 400
 FIT_MTBF_STEPS = 6  # 11 recoveries per failure kind in a fit run (seed 13)
 TIMEOUT_S = 2400  # a trace run of 1,400 steps and its fault-free reference: ~10 min at R ~5 s
 GOAL = 0.10
@@ -97,9 +102,11 @@ def fit_runs(strategy: str, strike: str = "anywhere") -> dict[str, list[str]]:
     boundary by the rank itself instead (a listed ``fault=kill``), sync's R came out 0.43 s (9%) under the
     uninterrupted recoveries of its wall-clock trace, struck mid-collective or mid-save from outside."""
     base = [f"strategy={strategy}", *common(FIT_STEPS, 12)]
+    steady = [f"strategy={strategy}", *common(FIT_STEADY_STEPS, 12)]
     rate = [f"fault.rank={FAULT_RANK}", "fault=trace", "fault.clock=steps", f"fault.mtbf_steps={FIT_MTBF_STEPS}",
             f"fault.strike={strike}", "fault.seed=13"]
-    return {"fault_free": [*base, "fault=none"], **{kind: [*base, *rate, f"fault.mix={kind}"] for kind in RECOVERABLE}}
+    return {"fault_free": [*steady, "fault=none"],
+            **{kind: [*base, *rate, f"fault.mix={kind}"] for kind in RECOVERABLE}}
 
 
 def fitted_costs(runs: dict[str, dict], lags: dict[str, list[float]], steps: int,
@@ -249,6 +256,37 @@ def drawn_arrivals(run_dir: Path) -> str:
     return fault.get("arrivals", "poisson")
 
 
+def trace_run(strategy: str, trace_dir: Path, steps: int, seed: int, settings: list[str], arrivals: str,
+              reuse: bool) -> dict[str, float]:
+    """One trace run of ``strategy`` in ``trace_dir`` (the first seed's ``trace``, the others' ``trace-seed<N>``),
+    checked bit for bit against the fault-free reference, and what it measured."""
+    result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
+                                   f"fault.rank={FAULT_RANK}", f"fault.seed={seed}", *settings,
+                                   "reference.check=run"], reuse)
+    if result is None or result["status"] != "ok":
+        raise RuntimeError(f"{strategy} trace run {trace_dir}: exit {code}, {result and result['status']}")
+    if (drawn := drawn_arrivals(trace_dir)) != arrivals:  # --reuse of a run drawn otherwise: predicted as drawn
+        raise RuntimeError(f"{strategy} trace run {trace_dir}: its arrivals were drawn {drawn}, not {arrivals}; "
+                           f"score it with --arrivals {drawn}, or run it again")
+    return measured_outcome(trace_dir)
+
+
+SUMMED = ("wall_s", "lost_steps", "faults", "in_recoveries", "failures")  # over pooled seeds; the rest averaged
+
+
+def pooled(seens: list[dict]) -> dict:
+    """Several trace runs as one: counts and times summed, ETTR and the recoveries seen averaged, bit-exact if all."""
+    out = {k: (sum(s[k] for s in seens) if k in SUMMED else float(np.nanmean([s[k] for s in seens])))
+           for k in seens[0] if k != "matches"}
+    out["matches"] = all(s["matches"] for s in seens) if all(s["matches"] is not None for s in seens) else None
+    return out
+
+
+def pooled_predictions(each: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {how: {k: (sum(p[how][k] for p in each) if k in SUMMED else float(np.mean([p[how][k] for p in each])))
+                  for k in each[0][how]} for how in each[0]}
+
+
 def measured_outcome(run_dir: Path) -> dict[str, float]:
     m, result = measure(run_dir), json.loads((run_dir / "result.json").read_text())
     window = m["wall_s"] - m["startup_s"] - m["teardown_s"]
@@ -256,8 +294,24 @@ def measured_outcome(run_dir: Path) -> dict[str, float]:
     in_recoveries = sum(1 for e in read_events(run_dir) if e["kind"] == "fault_injected"
                         and e.get("struck", "training") != "training")
     return {"wall_s": window, "ettr": result["ettr"], "lost_steps": float(sum(m["lost_steps"])),
-            "faults": m["faults"], "in_recoveries": in_recoveries,
+            "faults": m["faults"], "in_recoveries": in_recoveries, "R_trace": whole_recoveries_s(run_dir),
             "matches": (result.get("reference") or {}).get("matches")}
+
+
+def whole_recoveries_s(run_dir: Path) -> float:
+    """The mean recovery of a trace run's failures that no other failure interrupted (the fault to the next
+    attempt's first step start, before the next fault): what the fitted R stands for, seen in the trace (NaN if
+    none)."""
+    events = read_events(run_dir)
+    faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
+    whole = []
+    for fault, after in zip(faults, [*faults[1:], None]):
+        window = recovery_window(events, fault)
+        if window is not None and window.first_step is not None:
+            end = step_start(window.first_step)
+            if after is None or after["t_mono"] > end:
+                whole.append(end - fault["t_mono"])
+    return float(np.mean(whole)) if whole else math.nan
 
 
 def run(run_dir: Path, overrides: list[str], reuse: bool) -> tuple[dict | None, int]:
@@ -286,12 +340,19 @@ def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
     return fitted, lags, strikes, offsets
 
 
-def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, overrides: list[str],
+def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | list[int], overrides: list[str],
               reuse: bool = False, strike: str = "anywhere", clock: str = "steps",
               arrivals: str = "stratified", mtbf_r: float = 0.0) -> list[dict]:
     """Fit, trace, predict: one row per (prediction, measure). ``mtbf``: in steps on the step clock, in seconds on
-    the wall clock; ``arrivals``: how the trace's gaps are drawn (its runs' fault.arrivals, and the prediction's);
-    ``mtbf_r``: on the wall clock, M as that multiple of the technique's fitted R instead (0: ``mtbf`` as given)."""
+    the wall clock; ``seed``: the trace's, or on the wall clock a list of them, one trace run each, pooled (their
+    wall times, failures and steps lost summed, ETTR averaged, against the predictions summed alike: what chance
+    spreads a trace's steps lost over falls as 1/sqrt of the failures); ``arrivals``: how the trace's gaps are drawn
+    (its runs' fault.arrivals, and the prediction's); ``mtbf_r``: on the wall clock, M as that multiple of the
+    technique's fitted R instead (0: ``mtbf`` as given)."""
+    seeds = seed if isinstance(seed, list) else [seed]
+    if clock != "wall" and len(seeds) > 1:
+        raise ValueError("several trace seeds: on the wall clock only")
+    seed = seeds[0]
     index = f"reference.index={(out / 'references').resolve()}"
     fitted, lags, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike)
     if clock == "wall":
@@ -308,20 +369,13 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
         mtbf = round(mtbf_r * costs.recovery_s, 2) if mtbf_r else mtbf
         trace = ["fault.clock=wall", f"fault.mtbf_s={mtbf}"]
         print(f"[trace bench] {strategy}: R {costs.recovery_s:.2f} s fitted, M {mtbf:g} s", flush=True)
-    trace_dir = out / strategy / "trace"
-    result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
-                                   f"fault.rank={FAULT_RANK}", f"fault.seed={seed}", *trace,
-                                   f"fault.arrivals={arrivals}",
-                                   "reference.check=run", index, *overrides], reuse)
-    if result is None or result["status"] != "ok":
-        raise RuntimeError(f"{strategy} trace run: exit {code}, {result and result['status']}")
-    if (drawn := drawn_arrivals(trace_dir)) != arrivals:  # --reuse of a run drawn otherwise: predicted as drawn
-        raise RuntimeError(f"{strategy} trace run {trace_dir}: its arrivals were drawn {drawn}, not {arrivals}; "
-                           f"score it with --arrivals {drawn}, or run it again")
-    seen = measured_outcome(trace_dir)
+    seens = [trace_run(strategy, out / strategy / ("trace" if i == 0 else f"trace-seed{one}"), steps, one,
+                       [*trace, f"fault.arrivals={arrivals}", index, *overrides], arrivals, reuse)
+             for i, one in enumerate(seeds)]
+    seen = pooled(seens)
     phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step they strike
-    if clock == "wall":
-        predictions = predict_wall(costs, lags, mtbf, seed, how=arrivals)
+    if clock == "wall":  # each seed's trace predicted, and the seeds' summed as their runs are (``pooled``)
+        predictions = pooled_predictions([predict_wall(costs, lags, mtbf, one, how=arrivals) for one in seeds])
         planned = predictions[ARRIVALS].pop("failures")
     else:
         at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) for d, times in strikes.items()}
@@ -329,6 +383,11 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
         into = ({s: phase for s in plan} if strike == "boundary"
                 else {s: strike_fraction(seed, s) * costs.step_wall_s for s in plan})
         predictions, planned = predict(costs, lags, plan, at, into), len(plan)
+    # what chance alone spreads the measured steps lost over: the model's per-failure spread at the count that
+    # struck training (each loses d steps of its cycle, or the interval in a stall)
+    struck = max(seen["faults"] - seen["in_recoveries"], 1)
+    mean, sd = lost_spread(costs, lags, mix)
+    chance = sd / mean / math.sqrt(struck) if mean > 0 else math.nan
     rows = []
     for how, predicted in predictions.items():
         for measure_name, value in predicted.items():
@@ -339,7 +398,8 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int, over
                          "faults": seen["faults"], "in_recoveries": seen["in_recoveries"], "planned": planned,
                          "bit_exact": seen["matches"], "t_w": costs.step_wall_s, "C": costs.stall_s,
                          "L": costs.stall_s + max(float(np.median(lags["node_loss"])), 0.0),
-                         "R": costs.recovery_s, "M": mtbf, "strike_phase_s": phase})
+                         "R": costs.recovery_s, "R_trace": seen["R_trace"], "lost_chance": chance, "M": mtbf,
+                         "strike_phase_s": phase, "seeds": ",".join(map(str, seeds))})
     return rows
 
 
@@ -363,13 +423,19 @@ def table(frame: pd.DataFrame) -> str:
         by, clock = rows.set_index("measure"), rows["clock"].iloc[0]
         cells = [f"{by.at[m, 'measured']:.3g} / {by.at[m, 'predicted']:.3g} ({by.at[m, 'error']:+.0%})"
                  for m in ("wall_s", "ettr", "lost_steps")]
+        if "lost_chance" in rows and math.isfinite(chance := rows["lost_chance"].iloc[0]):
+            cells[-1] += f"; chance alone ±{chance:.0%}"
         worst = rows["error"].abs().max()
         said = ("" if worst <= GOAL else " (over 10%)" if how in CHECKED[clock]
                 else f" (not a goal: {NOT_A_GOAL[clock]})")
         failures = int(rows["faults"].iloc[0])
         if clock == "wall":
             at = f"; M {rows['M'].iloc[0]:.3g} s, R {rows['R'].iloc[0]:.3g} s" if "M" in rows else ""
+            if "R_trace" in rows and math.isfinite(rows["R_trace"].iloc[0]):
+                at += f" fitted, {rows['R_trace'].iloc[0]:.3g} s in the trace"
             failures = f"{failures} ({int(rows['in_recoveries'].iloc[0])} in recoveries{at})"
+            if "seeds" in rows and "," in str(rows["seeds"].iloc[0]):
+                failures += f", traces of seeds {rows['seeds'].iloc[0]} pooled"
         arrivals = rows["arrivals"].iloc[0]
         lines.append(f"| {strategy} | {arrivals} | {failures} | {how} | " + " | ".join(cells)
                      + f" | {worst:.0%}{said} |")
@@ -387,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the wall clock's MTBF as a multiple of each technique's fitted recovery R (0: --mtbf-s)")
     ap.add_argument("--mtbf-steps", type=float, default=40.0, help="the step clock's MTBF in steps")
     ap.add_argument("--seed", type=int, default=11, help="the trace's seed (the failures' times or steps, kinds)")
+    ap.add_argument("--seeds", default="",
+                    help="on the wall clock, several trace seeds (e.g. 11,12,13): a trace run each, pooled per "
+                         "technique (what chance spreads the steps lost over falls as 1/sqrt of the failures)")
     ap.add_argument("--out", type=Path, default=Path("results/trace"))
     ap.add_argument("--reuse", action="store_true", help="score the finished runs under --out again, run no other")
     ap.add_argument("--strike", choices=STRIKES, default="anywhere",
@@ -405,6 +474,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: fault.{key}: set it with {option} (the prediction needs to know it)", file=sys.stderr)
             return 2
     mtbf = args.mtbf_s if args.clock == "wall" else args.mtbf_steps
+    try:
+        seeds = [int(one) for one in args.seeds.split(",")] if args.seeds else [args.seed]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) < len(seeds) or (len(seeds) > 1 and args.clock != "wall"):
+        print(f"error: --seeds={args.seeds}: distinct integers, comma-separated, on the wall clock only",
+              file=sys.stderr)
+        return 2
     if args.steps < 2 * EVERY or mtbf <= 0 or args.mtbf_r < 0:
         unit = "--mtbf-s" if args.clock == "wall" else "--mtbf-steps"
         print(f"error: --steps={args.steps} must be at least {2 * EVERY}, {unit}={mtbf} above 0 and --mtbf-r="
@@ -414,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     for strategy in args.strategies.split(","):
         unit = "s" if args.clock == "wall" else " steps"
         print(f"[trace bench] {strategy}: fit runs, then the trace ({args.steps} steps, {args.clock} clock, MTBF "
-              f"{mtbf:g}{unit}, seed {args.seed}, {args.arrivals} arrivals)", flush=True)
-        rows += technique(strategy, args.out, args.steps, mtbf, args.seed, args.overrides, args.reuse, args.strike,
+              f"{mtbf:g}{unit}, seed {','.join(map(str, seeds))}, {args.arrivals} arrivals)", flush=True)
+        rows += technique(strategy, args.out, args.steps, mtbf, seeds, args.overrides, args.reuse, args.strike,
                           args.clock, args.arrivals, args.mtbf_r)
     frame = pd.DataFrame(rows)
     atomic_write_bytes(args.out / "trace.csv", frame.to_csv(index=False).encode())

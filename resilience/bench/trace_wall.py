@@ -77,3 +77,21 @@ def lost_per_failure(costs: RunCosts, lags: list[float]) -> float:
     exposed = max(stall + float(np.mean(np.clip(measured, -stall, 0.0))), 0.0)  # the stall before recoverable
     lag = float(np.mean(np.clip(measured, 0.0, every * tw)))
     return every * (tw * (every - 1) / 2 + exposed + lag) / (every * tw + stall)
+
+
+def lost_spread(costs: RunCosts, lags: dict[str, list[float]], share: dict[str, float]) -> tuple[float, float]:
+    """The mean and the standard deviation of one failure's lost steps under ``lost_per_failure``'s model, over the
+    mix: d steps with probability t_w / cycle each, ``every`` in the exposed stall, ``every`` more in the lag after
+    it (taken as falling in the cycle's first step). What chance alone spreads K failures' total over: its sd is
+    sqrt(K) x this sd (for sync's gpt_tiny cycle ~0.62 of the mean a failure: ~11% of the total at K = 33)."""
+    tw, every, stall = costs.step_wall_s, costs.every, costs.stall_s
+    cycle = every * tw + stall
+    mean = square = 0.0
+    for kind, weight in share.items():
+        measured = np.asarray(lags[kind])
+        exposed = max(stall + float(np.mean(np.clip(measured, -stall, 0.0))), 0.0)
+        lag = float(np.mean(np.clip(measured, 0.0, every * tw)))
+        mean += weight * lost_per_failure(costs, lags[kind])
+        square += weight * (sum(d * d for d in range(every)) * tw + every ** 2 * (exposed + lag)) / cycle
+    return mean, math.sqrt(max(square - mean * mean, 0.0))
+
