@@ -2,8 +2,9 @@
 
 Roles, one module each: ``failure_model`` (how often, which recovery), ``cost_model`` (checkpoint costs at scale,
 fitted from samples), ``calibration`` (the failure band: published figures inverted through the model),
-``measured`` (fits from a DataFrame of runs), ``intervals`` (Young, Daly, exact optimum), ``goodput`` (closed form),
-``simulator`` (Monte Carlo), ``scenario``/``settings`` (validated config), ``sweeps`` (tables), ``plots``,
+``measured`` (fits from a DataFrame of runs), ``pipeline_rules`` (the pipeline techniques' lost work and per-step
+overhead), ``intervals`` (Young, Daly, exact optimum), ``goodput`` (closed form), ``simulator`` (Monte Carlo),
+``scenario``/``settings`` (validated config), ``sweeps`` (tables), ``plots``,
 ``outputs`` (atomic files), ``report`` (summary) and ``cli``; ``run_model`` (the run-level model and its measurement)
 and ``parity`` (its out-of-sample validation on real runs).
 """
@@ -25,6 +26,7 @@ _WHERE = {
     "failure_model": ("RECOVERY_KINDS", "FailureModel", "FailureTable", "RecoveryKind", "per_gpu_mttf_hours"),
     "intervals": ("daly_interval", "optimal_interval", "young_interval"),
     "measured": ("fit_strategies", "read_measured"),
+    "pipeline_rules": ("pipeline_costs",),
     "scenario": ("Scenario", "Storage", "build_scenario"),
     "simulator": ("SimulationResult", "simulate"),
     "validation": ("ConfigError",),

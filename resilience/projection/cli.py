@@ -23,6 +23,7 @@ from resilience.projection import plots, sweeps
 from resilience.projection.calibration import FailureBand, read_figures, select
 from resilience.projection.measured import fit_strategies, read_measured
 from resilience.projection.outputs import write_csv, write_png
+from resilience.projection.pipeline_rules import pipeline_costs
 from resilience.projection.report import format_summary
 from resilience.projection.scenario import Scenario, build_scenario, resolve_path
 from resilience.projection.settings import CONF_DIR, Settings, build_settings, search_dirs
@@ -52,7 +53,8 @@ def load(cfg: Mapping[str, Any], cwd: Path) -> tuple[Settings, Scenario, str | N
             frame = read_measured(str(path))
         except (OSError, ValueError) as err:
             raise ConfigError(f"measured_csv={settings.measured_csv}: cannot be read ({err})") from None
-        scn = scn.with_strategies(fit_strategies(frame, scn.strategies))
+        # the checkpoint costs fitted, then the pipeline techniques' rules (lost work, per-step overhead) on top
+        scn = scn.with_strategies(pipeline_costs(fit_strategies(frame, scn.strategies), frame, scn.pipeline_stages))
         measured = str(path)
     return settings, scn, measured
 

@@ -92,7 +92,9 @@ class CostsAtScale:
     synchronous save). ``feasible`` is False when a shard exceeds the strategy's memory limit. ``checkpoints`` is
     False for a strategy that never checkpoints and never loses work (a live replica holds the state).
     ``step_overhead`` is the share of every step's time the technique costs besides its checkpoints (a gradient
-    shadow's per-step copy): the goodput is scaled by ``1 - step_overhead``.
+    shadow's per-step copy): the goodput is scaled by ``1 - step_overhead``. ``lost_work_factor`` is the share of
+    the work since the last durable checkpoint that a failure costs the job (1: everything is retrained; Swift's
+    pipeline logging, 1/S: one of S stages replays it while the others wait; ``projection.pipeline_rules``).
     """
 
     strategy: str
@@ -103,8 +105,13 @@ class CostsAtScale:
     feasible: bool = True
     checkpoints: bool = True
     step_overhead: float = 0.0
+    lost_work_factor: float = 1.0
     residuals: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)
     detection_samples: tuple[float, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lost_work_factor <= 1:
+            raise ValueError(f"lost_work_factor={self.lost_work_factor}: must be in (0, 1]")
 
     def detection_s(self, kinds: Sequence[RecoveryKind]) -> np.ndarray:
         """Mean detection latency per kind: the measured mean for crash kinds when measured, else as configured."""
@@ -155,6 +162,8 @@ class StrategyCosts:
     # touched rows between); the load reads a whole state
     bytes_share: float = 1.0
     step_overhead: float = 0.0  # the share of every step it costs besides its checkpoints (CostsAtScale)
+    lost_work_factor: float = 1.0  # the share of the work since the checkpoint a failure costs (CostsAtScale)
+    note: str = ""  # how a per-technique rule set the two above (printed under the strategies table)
 
     def at_scale(self, total_bytes: float, writers: int, storage_Bps: float | None) -> CostsAtScale:
         saved = total_bytes * self.bytes_share
@@ -165,6 +174,6 @@ class StrategyCosts:
             strategy=self.name, stall_s=stall, lag_s=durable,
             load_s=self.load.seconds(total_bytes, writers, storage_Bps),
             restart_s=self.restart.seconds(total_bytes, writers, storage_Bps), feasible=feasible,
-            checkpoints=self.checkpoints, step_overhead=self.step_overhead,
+            checkpoints=self.checkpoints, step_overhead=self.step_overhead, lost_work_factor=self.lost_work_factor,
             residuals={c: getattr(self, c).residuals for c in COMPONENTS}, detection_samples=self.detection_samples)
 

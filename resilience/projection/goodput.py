@@ -10,6 +10,11 @@ recovery kinds i with probabilities p_i and recovery times R_i (failures may als
 P is the spacing of durable checkpoints: a save cannot start before the previous one is durable, so when
 tau < L - C training waits L - C - tau extra per checkpoint. For a synchronous save (L = C) and a single recovery
 time R this is Daly's (2006) model, G = tau / (M exp(R/M) (exp((tau + C)/M) - 1)).
+
+A failure whose lost work costs only a share f of the time since the restart point (Swift's pipeline logging: one
+of S stages replays it, f = 1/S) gives the same form with lam * f in every term but A (docs/projection.md)::
+
+    G = lam f * tau * A * exp(-lam f * (tau + L)) / (1 - exp(-lam f * P))
 """
 
 from __future__ import annotations
@@ -38,20 +43,23 @@ def recovery_survival(mtbf_s: float | np.ndarray, recovery_s: float | np.ndarray
 
 def goodput(interval_s: float | np.ndarray, mtbf_s: float | np.ndarray, stall_s: float | np.ndarray,
             lag_s: float | np.ndarray, recovery_s: float | np.ndarray | Sequence[float],
-            shares: Sequence[float] | None = None) -> float | np.ndarray:
+            shares: Sequence[float] | None = None, lost_work_factor: float = 1.0) -> float | np.ndarray:
     """Expected goodput (0..1] for exponential failures; all arguments in seconds and broadcast together.
 
     ``recovery_s``/``shares`` as in :func:`recovery_survival`. ``lag_s`` below ``stall_s`` is read as ``stall_s``.
+    ``lost_work_factor`` in (0, 1]: the share of the time since the restart point a failure costs (1: all of it).
     """
+    if not 0 < lost_work_factor <= 1:
+        raise ValueError(f"lost_work_factor={lost_work_factor}: must be in (0, 1]")
     tau = np.asarray(interval_s, dtype=float)
     m = np.asarray(mtbf_s, dtype=float)
     c = np.asarray(stall_s, dtype=float)
     lag = np.maximum(np.asarray(lag_s, dtype=float), c)
     period = np.maximum(tau + c, lag)  # the next save blocks until the previous one is durable
-    lam = 1.0 / m
-    a = recovery_survival(m, recovery_s, shares)
+    a = recovery_survival(m, recovery_s, shares)  # recoveries are struck at the full rate, whatever is replayed
+    lost = lost_work_factor / m  # lam * f: a failure costs the time since the restart point times f
     # -expm1(-x) = 1 - exp(-x) without cancellation when lam * P is tiny (huge MTBF).
-    g = lam * tau * a * np.exp(-lam * (tau + lag)) / -np.expm1(-lam * period)
+    g = lost * tau * a * np.exp(-lost * (tau + lag)) / -np.expm1(-lost * period)
     return float(g) if np.ndim(g) == 0 else g
 
 

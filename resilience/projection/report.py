@@ -84,21 +84,25 @@ def format_summary(scn: Scenario, summary: pd.DataFrame, example_stalls_s: tuple
         lines.append(f"  {stall:>5g} s  {_interval(young):>18}  {_interval(daly):>18}  {_interval(best):>18}"
                      f"  {g:>15.3f}")
     source = f"fitted from {measured}" if measured else "scenario defaults"
+    w = max([12, *(len(str(n)) for n in summary["strategy"])])  # swift_log_selective is wider than 12
     lines += ["", f"Strategies at {scn.gpus:,} GPUs, checkpoint {scn.ckpt_bytes / TB:.2f} TB "
                   f"({_count(scn.params)} params x {scn.bytes_per_param:g} B); costs: {source}",
-              f"  {'strategy':<12} {'stall':>8} {'durable':>9} {'recovery':>9} {'Daly':>9} {'optimum':>9} "
+              f"  {'strategy':<{w}} {'stall':>8} {'durable':>9} {'recovery':>9} {'Daly':>9} {'optimum':>9} "
               f"{'goodput (failure band)':>22}  {'Monte Carlo':<12}"]
     for row in summary.itertuples():
         if not row.feasible:
-            lines.append(f"  {row.strategy:<12} infeasible: checkpoint shard exceeds the strategy's memory limit")
+            lines.append(f"  {row.strategy:<{w}} infeasible: checkpoint shard exceeds the strategy's memory limit")
             continue
         # The simulation's own 95% CI (a few 1e-4) is far narrower than the band: the band sets the digits.
         d = decimals(row.goodput_band_low, row.goodput_band_high) if band is not None else 3
         mc = f"{row.goodput_monte_carlo:.{d}f}" if np.isfinite(row.goodput_monte_carlo) else "-"
         good = row.goodput_shown if band is not None else f"{row.goodput_closed_form:.3f}"
-        lines.append(f"  {row.strategy:<12} {_duration(row.stall_s):>8} {_duration(row.durable_s):>9} "
+        lines.append(f"  {row.strategy:<{w}} {_duration(row.stall_s):>8} {_duration(row.durable_s):>9} "
                      f"{_duration(row.mean_recovery_s):>9} {_duration(row.daly_interval_s):>9} "
                      f"{_duration(row.optimal_interval_s):>9} {good:>22}  {mc:<12}")
+    notes = summary[summary.get("cost_note", pd.Series("", index=summary.index)).fillna("").astype(str) != ""]
+    for r in notes.itertuples():  # the pipeline techniques' rules: the lost work, then the step overhead
+        lines += [f"  {r.strategy}: {part}" for part in r.cost_note.split("; ", 1)]
     if f.distribution != "exponential":
         lines.append(f"  (goodput: closed form for exponential failures with the same MTBF; Monte Carlo: "
                      f"{f.distribution}{shape})")

@@ -49,6 +49,7 @@ class Scenario:
     table_path: Path
     storage: Storage
     strategies: dict[str, StrategyCosts]
+    pipeline_stages: int | None = None  # the target's pipeline degree, where given (projection.pipeline_rules)
 
     @property
     def ckpt_bytes(self) -> float:
@@ -125,6 +126,8 @@ def build_scenario(node: Mapping[str, Any], search_dirs: Sequence[Path], prefix:
         kind_counts=kind_counts, table=table, row_kinds=row_kinds, table_path=table_path,
         storage=_storage(node["storage"], f"{prefix}.storage"),
         strategies=_strategies(node["strategies"], f"{prefix}.strategies"),
+        pipeline_stages=None if node.get("pipeline_stages") is None else
+        as_int(node["pipeline_stages"], f"{prefix}.pipeline_stages", 1),
     )
 
 

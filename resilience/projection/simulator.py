@@ -16,6 +16,13 @@ Because every recovery ends at F_k + R_k regardless of history, each stretch is 
 (clipped at 0) and the whole job needs no sequential loop: one array op per quantity over (trials, failures).
 Costs are drawn per failure (recovery) and per uninterrupted stretch (stall and lag; their per-checkpoint spread
 averages out over the many checkpoints of a stretch, what matters is the level at the failure).
+
+A failure that costs only a share f < 1 of the work since the restart point (``costs.lost_work_factor``; Swift's
+pipeline logging: one of S stages replays it while the others wait) keeps the job's place in its schedule: after
+the recovery the job replays from the restart point of its newest durable checkpoint to where it was, in f of the
+time, and goes on from there; a failure during the replay starts a recovery and the same replay again. Where the
+job stands carries from one failure to the next, so that case loops over the failures (vectorised over the trials),
+with stall and lag drawn once per trial. At f = 1 it gives what the stretches above give.
 """
 
 from __future__ import annotations
@@ -105,11 +112,36 @@ def _simulate_chunk(costs: CostsAtScale, failure: FailureModel, kinds: Sequence[
     resume[:, 1:] = fail_at[:, :-1] + recovery[:, :-1]
     up = np.maximum(np.minimum(fail_at, horizon) - resume, 0.0)
     per_step = 1.0 - costs.step_overhead  # a per-step technique's cost, as in the closed form
+    failures = (fail_at < horizon).sum(axis=1)
     if not costs.checkpoints:  # no work is ever lost: every stretch counts whole
-        return per_step * up.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)
+        return per_step * up.sum(axis=1) / horizon, failures
     stall = costs.draw("stall", rng, shape, bootstrap)
     lag = np.maximum(costs.draw("durable", rng, shape, bootstrap), stall)
     first = tau + lag  # resume -> first durable checkpoint (nothing in flight to wait for)
     period = np.maximum(tau + stall, lag)  # durable -> next durable: a save waits for the previous one
-    durable = np.where(up >= first, 1.0 + np.floor((up - first) / period), 0.0)
-    return per_step * tau * durable.sum(axis=1) / horizon, (fail_at < horizon).sum(axis=1)
+    if costs.lost_work_factor < 1:
+        reached = _replayed_progress(fail_at, recovery, first[:, 0], period[:, 0], costs.lost_work_factor, horizon)
+        return per_step * tau * _durable(reached, first[:, 0], period[:, 0]) / horizon, failures
+    return per_step * tau * _durable(up, first, period).sum(axis=1) / horizon, failures
+
+
+def _durable(progress: np.ndarray, first: np.ndarray, period: np.ndarray) -> np.ndarray:
+    """Checkpoints durable within ``progress`` seconds of the schedule (the first at ``first``, then every period)."""
+    return np.where(progress >= first, 1.0 + np.floor((progress - first) / period), 0.0)
+
+
+def _replayed_progress(fail_at: np.ndarray, recovery: np.ndarray, first: np.ndarray, period: np.ndarray,
+                       factor: float, horizon: float) -> np.ndarray:
+    """Where each trial's schedule stands at the horizon when a failure costs ``factor`` of the work since the
+    restart point (module docstring). Checkpoint n's restart point is n * period into the schedule (checkpoint
+    n + 1 is durable ``first`` after it, as after a resume), 0 before the first is durable."""
+    reached = np.zeros(fail_at.shape[0])
+    resume = np.zeros(fail_at.shape[0])
+    for k in range(fail_at.shape[1]):
+        since = reached - _durable(reached, first, period) * period  # the work a failure would cost, times factor
+        up = np.minimum(fail_at[:, k], horizon) - resume - factor * since  # new work after the replay
+        reached += np.maximum(up, 0.0)
+        resume = fail_at[:, k] + recovery[:, k]
+        if fail_at[:, k].min() >= horizon:
+            break
+    return reached

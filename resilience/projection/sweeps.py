@@ -44,7 +44,14 @@ class Point:
             # for a zero interval at zero stall and lag (docs/projection.md); the interval does not matter.
             a = per_step * float(recovery_survival(self.mtbf_s, self.recovery_s, self.shares))
             return a if np.ndim(interval_s) == 0 else np.full(np.shape(interval_s), a)
-        return per_step * goodput(interval_s, self.mtbf_s, c.stall_s, c.lag_s, self.recovery_s, self.shares)
+        return per_step * goodput(interval_s, self.mtbf_s, c.stall_s, c.lag_s, self.recovery_s, self.shares,
+                                  c.lost_work_factor)
+
+    @property
+    def lost_work_mtbf_s(self) -> float:
+        """M / f: the MTBF the interval formulas see when a failure costs only f of the work since the checkpoint
+        (the closed form is the usual one at that MTBF, times A at the true one; docs/projection.md)."""
+        return self.mtbf_s / self.costs.lost_work_factor
 
     @property
     def mean_recovery_s(self) -> float:
@@ -55,7 +62,8 @@ def evaluate(scn: Scenario, strategy: str, gpus: int | None = None, ckpt_bytes: 
     """The closed-form view of ``strategy`` at ``gpus`` GPUs (default: the scenario's) and ``ckpt_bytes``."""
     costs = scn.costs_at(strategy, gpus, ckpt_bytes)
     mtbf = scn.failure.job_mtbf_s(scn.gpus if gpus is None else gpus)
-    tau = optimal_interval(costs.stall_s, mtbf, costs.lag_s) if costs.checkpoints else float("nan")
+    lost_mtbf = mtbf / costs.lost_work_factor  # Point.lost_work_mtbf_s
+    tau = optimal_interval(costs.stall_s, lost_mtbf, costs.lag_s) if costs.checkpoints else float("nan")
     return Point(costs, mtbf, costs.recovery_s(scn.kinds), np.asarray(scn.failure.kind_shares), tau)
 
 
@@ -78,7 +86,7 @@ def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = Non
         p = evaluate(scn, name)
         low, high = band_goodput(scn, band, name)
         c = p.costs
-        young, daly = young_interval(c.stall_s, p.mtbf_s), daly_interval(c.stall_s, p.mtbf_s)
+        young, daly = young_interval(c.stall_s, p.lost_work_mtbf_s), daly_interval(c.stall_s, p.lost_work_mtbf_s)
         if not c.checkpoints:
             young = daly = float("nan")
         sim = (mc or {}).get(name)
@@ -91,6 +99,8 @@ def strategy_summary(scn: Scenario, mc: dict[str, SimulationResult] | None = Non
             "goodput_daly": p.goodput_at(daly) if c.feasible else np.nan,
             "goodput_closed_form": p.goodput,
             "goodput_band_low": low, "goodput_band_high": high, "goodput_shown": shown(p.goodput, low, high),
+            "lost_work_factor": c.lost_work_factor, "step_overhead": c.step_overhead,
+            "cost_note": scn.strategies[name].note,
             "goodput_monte_carlo": sim.mean if sim else np.nan,
             "goodput_monte_carlo_ci95": sim.ci95 if sim else np.nan,
             # the two models disagree by more than the simulation's own 95% error: a gap to read before a ranking
