@@ -170,6 +170,22 @@ def test_a_save_recoverable_inside_its_stall_exposes_only_the_stall_before_it():
     assert lost_per_failure(COSTS, [-0.5]) == pytest.approx(5 * 0.075 * 2 / cycle)
 
 
+def test_each_saves_exposed_stall_is_paired_with_its_own_lag():
+    # in-memory's shape: one save in five persists to disk (a 0.4 s stall, recoverable 0.01 s in), the others are
+    # snapshots recoverable at their stall's end; the mean stall is C = 0.1 s either way
+    stalls, lags = [0.4, 0.025, 0.025, 0.025, 0.025], [-0.39, 0.0, 0.0, 0.0, 0.0]
+    cycle = 5 * 0.075 + 0.1
+    paired = lost_per_failure(COSTS, lags, stalls)
+    assert paired == pytest.approx(5 * (0.075 * 2 + (0.01 + 4 * 0.025) / 5) / cycle)
+    # taken against the mean stall instead, the short saves' lags would hide none of the long save's stall
+    unpaired = lost_per_failure(COSTS, lags)
+    assert unpaired == pytest.approx(5 * (0.075 * 2 + 0.1 - 0.1 / 5) / cycle) and unpaired > paired
+    # the events' stalls are scaled to the loop's C (they differ by a few ms): only their shares count
+    assert lost_per_failure(COSTS, lags, [2 * one for one in stalls]) == pytest.approx(paired)
+    mean, _ = lost_spread(COSTS, {"kill": lags}, {"kill": 1.0}, {"kill": stalls})
+    assert mean == pytest.approx(paired)
+
+
 def test_the_chance_spread_of_a_failures_loss_is_the_models_own():
     # no stall, no lag: d uniform over 0..4, mean 2 and variance (5^2 - 1) / 12 = 2
     plain = RunCosts(steps=1000, every=5, step_s=0.07, step_wall_s=0.1, stall_s=0.0, startup_s=5.0,

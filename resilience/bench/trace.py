@@ -140,17 +140,19 @@ RECOVERABLE = {"kill": ("ckpt_memory_saved", "ckpt_written", "ckpt_durable"),
                "node_loss": ("ckpt_peer_copied", "ckpt_written", "ckpt_durable")}
 
 
-def lags_after_stall(run_dir: Path, fault: str) -> list[float]:
-    """Each checkpoint's time from the end of its stall (training goes on) until it can be recovered from after a
-    failure of kind ``fault``, on the rank the failures strike where it records that event (else rank 0's commit):
-    at most 0 for a save that is complete before training goes on (sync)."""
+def lags_after_stall(run_dir: Path, fault: str) -> list[tuple[float, float]]:
+    """Each checkpoint's stall (its start to its end, training held) and its time from the end of its stall
+    (training goes on) until it can be recovered from after a failure of kind ``fault``, on the rank the failures
+    strike where it records that event (else rank 0's commit): at most 0 for a save that is complete before training
+    goes on (sync)."""
     events = read_events(run_dir)
     kind = next((k for k in RECOVERABLE[fault] if any(e["kind"] == k for e in events)), RECOVERABLE[fault][-1])
     ranks = {e["rank"] for e in events if e["kind"] == kind}
     rank = FAULT_RANK if FAULT_RANK in ranks else 0
+    begin = {(e["rank"], e["attempt"], e["step"]): e["t_mono"] for e in events if e["kind"] == "ckpt_begin"}
     stall_end = {(e["rank"], e["attempt"], e["step"]): e["t_mono"] for e in events if e["kind"] == "ckpt_stall_end"}
-    return [e["t_mono"] - stall_end[e["rank"], e["attempt"], e["step"]] for e in events
-            if e["kind"] == kind and e["rank"] == rank and (e["rank"], e["attempt"], e["step"]) in stall_end]
+    return [(stall_end[key] - begin.get(key, stall_end[key]), e["t_mono"] - stall_end[key]) for e in events
+            if e["kind"] == kind and e["rank"] == rank and (key := (e["rank"], e["attempt"], e["step"])) in stall_end]
 
 
 def lag_steps(costs: RunCosts, lags: list[float]) -> np.ndarray:
@@ -322,10 +324,12 @@ def run(run_dir: Path, overrides: list[str], reuse: bool) -> tuple[dict | None, 
 
 
 def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
-        strike: str = "anywhere") -> tuple[dict, dict, dict, list]:
-    """The fit runs of ``strategy`` (``fit_runs``): their measures, every lag per failure kind, when after a stall
+        strike: str = "anywhere") -> tuple[dict, dict, dict, dict, list]:
+    """The fit runs of ``strategy`` (``fit_runs``): their measures, every lag per failure kind and the stall of
+    each save it was measured on, when after a stall
     the loop reaches each later step boundary, and where in its step each of their failures struck."""
-    fitted, lags, strikes, offsets = {}, {fault: [] for fault in RECOVERABLE}, {d: [] for d in range(EVERY)}, []
+    fitted, strikes, offsets = {}, {d: [] for d in range(EVERY)}, []
+    lags, stalls = {fault: [] for fault in RECOVERABLE}, {fault: [] for fault in RECOVERABLE}
     for name, settings in fit_runs(strategy, strike).items():
         run_dir = out / strategy / name
         result, code = run(run_dir, [*settings, index, *overrides], reuse)
@@ -333,11 +337,13 @@ def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
             raise RuntimeError(f"{strategy} fit run {name}: exit {code}, {result and result['status']}")
         fitted[name] = measure(run_dir)
         for fault in RECOVERABLE:
-            lags[fault] += lags_after_stall(run_dir, fault)
+            for stall, lag in lags_after_stall(run_dir, fault):
+                stalls[fault].append(stall)
+                lags[fault].append(lag)
         offsets += fault_offsets(run_dir)
         for d, times in strike_times(run_dir).items():
             strikes[d] += times
-    return fitted, lags, strikes, offsets
+    return fitted, lags, stalls, strikes, offsets
 
 
 def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | list[int], overrides: list[str],
@@ -354,7 +360,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         raise ValueError("several trace seeds: on the wall clock only")
     seed = seeds[0]
     index = f"reference.index={(out / 'references').resolve()}"
-    fitted, lags, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike)
+    fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike)
     if clock == "wall":
         plan, weights = {}, MIXES["llama3"]
         mix = {kind: weights[kind] / sum(weights.values()) for kind in RECOVERABLE}
@@ -363,6 +369,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         mix = {kind: sum(1 for f in plan.values() if f == kind) / max(len(plan), 1) for kind in RECOVERABLE}
         trace = [f"fault.mtbf_steps={mtbf}", f"fault.strike={strike}"]
     costs, lags = fitted_costs(fitted, lags, steps, mix)
+    stalls = {fault: own for fault, own in stalls.items() if own}  # none measured: each save's stall taken as C
     if clock == "wall":
         # R/M sets the trace's shape (the share of failures that strike a recovery, e^(-R/M) of them training), and
         # R is a cold start on this host (~3 s on one VM, ~5 s on another): M as a multiple of R keeps the shape
@@ -375,7 +382,8 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
     seen = pooled(seens)
     phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step they strike
     if clock == "wall":  # each seed's trace predicted, and the seeds' summed as their runs are (``pooled``)
-        predictions = pooled_predictions([predict_wall(costs, lags, mtbf, one, how=arrivals) for one in seeds])
+        predictions = pooled_predictions([predict_wall(costs, lags, mtbf, one, how=arrivals, stalls=stalls)
+                                          for one in seeds])
         planned = predictions[ARRIVALS].pop("failures")
     else:
         at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) for d, times in strikes.items()}
@@ -386,7 +394,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
     # what chance alone spreads the measured steps lost over: the model's per-failure spread at the count that
     # struck training (each loses d steps of its cycle, or the interval in a stall)
     struck = max(seen["faults"] - seen["in_recoveries"], 1)
-    mean, sd = lost_spread(costs, lags, mix)
+    mean, sd = lost_spread(costs, lags, mix, stalls)
     chance = sd / mean / math.sqrt(struck) if mean > 0 else math.nan
     rows = []
     for how, predicted in predictions.items():
