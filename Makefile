@@ -106,8 +106,8 @@ gpu-check:
 # technique three fit runs and one 1,400-step run under failures in wall time (exponential gaps of mean 4 s drawn
 # stratified, a declared variance reduction of the count of failures; recoveries included: ~60-80 failures), beside
 # the fault-free reference of its training; ~20 min on 2 idle cores where a cold start takes ~3 s, ~40 where it takes
-# ~5 s. SEEDS=11,12,13: a trace run per seed, pooled per technique (chance's spread of the steps lost, ~11% at one
-# trace's ~33 failures in training, falls as 1/sqrt of the failures): as many times as long.
+# ~5 s. SEEDS=11,12,13: fit runs and a trace run per seed, pooled per technique (chance's spread of the steps lost,
+# ~11% at one trace's ~33 failures in training, falls as 1/sqrt of the failures): as many times as long.
 .PHONY: trace
 trace: $(STAMP)
 	$(PY) -m resilience.bench.trace --clock wall --steps 1400 --mtbf-r 1.33 --arrivals stratified $(if $(SEEDS),--seeds $(SEEDS))

@@ -218,6 +218,38 @@ def test_several_traces_pool_as_one_longer_trace():
     assert both[ARRIVALS]["ettr"] == pytest.approx((each[0][ARRIVALS]["ettr"] + each[1][ARRIVALS]["ettr"]) / 2)
 
 
+def test_each_trace_seed_is_fitted_just_before_its_own_trace_and_predicted_from_that_fit(tmp_path, monkeypatch):
+    calls = []
+
+    def fit(strategy, out, index, overrides, reuse, strike, tag=""):
+        calls.append(("fit", tag))
+        r = 3.0 if not tag else 4.0  # the host's cold start drifts between the two seeds' minutes
+        run = {"step_s": 0.07, "step_wall_s": 0.075, "stall_s": 0.1, "startup_s": 5.0, "teardown_s": 1.0}
+        runs = {"fault_free": {**run, "faults": 0, "recoveries_s": []},
+                **{kind: {**run, "faults": 1, "recoveries_s": [r]} for kind in ("kill", "node_loss")}}
+        return runs, {"kill": [0.0], "node_loss": [0.01]}, {"kill": [0.1], "node_loss": [0.1]}, {}, [0.01]
+
+    def trace_run(strategy, trace_dir, steps, seed, settings, arrivals, reuse):
+        calls.append(("trace", trace_dir.name, next(s for s in settings if s.startswith("fault.mtbf_s="))))
+        return {"wall_s": 100.0, "ettr": 0.5, "lost_steps": 10.0, "faults": 20, "in_recoveries": 8,
+                "R_trace": 3.0, "matches": True}
+
+    monkeypatch.setattr(bench, "fit", fit)
+    monkeypatch.setattr(bench, "trace_run", trace_run)
+    rows = bench.technique("sync", tmp_path, 1000, 4.0, [11, 12], [], clock="wall", mtbf_r=1.5)
+    assert calls == [("fit", ""), ("trace", "trace", "fault.mtbf_s=4.5"),
+                     ("fit", "-seed12"), ("trace", "trace-seed12", "fault.mtbf_s=6.0")]
+    wall = next(r for r in rows if r["prediction"] == NOMINAL and r["measure"] == "wall_s")
+    assert wall["R"] == pytest.approx(3.5) and wall["M"] == pytest.approx(5.25) and wall["measured"] == 200.0
+    costs = [bench.fitted_costs(fit("sync", tmp_path, "", [], False, "", tag)[0], {"kill": [0.0], "node_loss": [0.01]},
+                                1000, {"kill": 0.5, "node_loss": 0.5})[0] for tag in ("", "-seed12")]
+    assert [c.recovery_s for c in costs] == [3.0, 4.0]
+    each = [predict_wall(c, {"kill": [0.0], "node_loss": [0.01]}, m, seed, how="stratified",
+                         stalls={"kill": [0.1], "node_loss": [0.1]})[NOMINAL]["wall_s"]
+            for c, m, seed in zip(costs, (4.5, 6.0), (11, 12))]
+    assert wall["predicted"] == pytest.approx(sum(each))  # each seed from its own fit, summed as the runs are
+
+
 @pytest.mark.parametrize("options", [["--seeds", "11,11"], ["--seeds", "11,x"],
                                      ["--clock", "steps", "--seeds", "11,12"]])
 def test_bad_trace_seeds_are_refused_in_one_line(tmp_path, capsys, options):

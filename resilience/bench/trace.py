@@ -26,10 +26,11 @@ from its own trace run): per technique a fault-free run (400 steps) and a run pe
 losses; 80 steps each, failures ~6 steps apart on the step clock, struck as the trace strikes: ``fit_runs``) give
 the step time t_w and the step's own t_d and the stall C a checkpoint costs the loop (the fault-free run's), the
 start-up and tear-down, the recovery R per kind (fault -> first step of the next attempt; weighed by the trace's
-mix), every checkpoint's lag from its stall's end until it can be recovered from, and when after a stall the loop
-reaches each later step boundary. On the wall clock: the closed form (``predicted_goodput``)
-at the given MTBF, and at the rate of the seeded arrivals that fall in the window it predicts (what the count of
-failures adds to the error: ``trace_wall``); failures in a recovery lose no step more. On the step clock:
+mix), every checkpoint's stall and its lag from its stall's end until it can be recovered from, and when after a
+stall the loop reaches each later step boundary; on the wall clock each trace seed has fit runs of its own, taken
+just before its trace run (``wall_seed``), so that a host whose cold start drifts is fitted in the trace's minutes.
+On the wall clock: the closed form (``predicted_goodput``) at the given MTBF, and at the rate of the seeded arrivals
+that fall in the window it predicts (what the count of failures adds to the error: ``trace_wall``); failures in a recovery lose no step more. On the step clock:
 
 * **closed form, failures in steps** (``in_steps``): the expected cost of K failures that strike, as the trace's
   do, only in training steps, each at a uniform point of a uniformly drawn step: R, half a step, (every - 1) / 2
@@ -324,14 +325,14 @@ def run(run_dir: Path, overrides: list[str], reuse: bool) -> tuple[dict | None, 
 
 
 def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
-        strike: str = "anywhere") -> tuple[dict, dict, dict, dict, list]:
+        strike: str = "anywhere", tag: str = "") -> tuple[dict, dict, dict, dict, list]:
     """The fit runs of ``strategy`` (``fit_runs``): their measures, every lag per failure kind and the stall of
-    each save it was measured on, when after a stall
-    the loop reaches each later step boundary, and where in its step each of their failures struck."""
+    each save it was measured on, when after a stall the loop reaches each later step boundary, and where in its
+    step each of their failures struck. ``tag`` ends the runs' directory names (a later trace seed's own fit)."""
     fitted, strikes, offsets = {}, {d: [] for d in range(EVERY)}, []
     lags, stalls = {fault: [] for fault in RECOVERABLE}, {fault: [] for fault in RECOVERABLE}
     for name, settings in fit_runs(strategy, strike).items():
-        run_dir = out / strategy / name
+        run_dir = out / strategy / f"{name}{tag}"
         result, code = run(run_dir, [*settings, index, *overrides], reuse)
         if result is None or result["status"] != "ok":
             raise RuntimeError(f"{strategy} fit run {name}: exit {code}, {result and result['status']}")
@@ -346,6 +347,27 @@ def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
     return fitted, lags, stalls, strikes, offsets
 
 
+def wall_seed(strategy: str, out: Path, i: int, seed: int, steps: int, mtbf: float, mtbf_r: float,
+              mix: dict[str, float], index: str, overrides: list[str], reuse: bool, strike: str,
+              arrivals: str) -> dict:
+    """One trace seed on the wall clock: its own fit runs, then its trace run, and the closed form's prediction
+    for it from that fit alone. The first seed's runs keep their plain names (``fault_free``, ``trace``), a later
+    one's end in ``-seed<N>``."""
+    tag = "" if i == 0 else f"-seed{seed}"
+    fitted, lags, stalls, _, offsets = fit(strategy, out, index, overrides, reuse, strike, tag)
+    costs, lags = fitted_costs(fitted, lags, steps, mix)
+    stalls = {fault: own for fault, own in stalls.items() if own}  # none measured: each save's stall taken as C
+    # R/M sets the trace's shape (the share of failures that strike a recovery, e^(-R/M) of them training), and
+    # R is a cold start on this host (~3 s on one VM, ~5 s on another): M as a multiple of R keeps the shape
+    mtbf = round(mtbf_r * costs.recovery_s, 2) if mtbf_r else mtbf
+    print(f"[trace bench] {strategy}, seed {seed}: R {costs.recovery_s:.2f} s fitted, M {mtbf:g} s", flush=True)
+    trace = ["fault.clock=wall", f"fault.mtbf_s={mtbf}", f"fault.arrivals={arrivals}", index, *overrides]
+    seen = trace_run(strategy, out / strategy / ("trace" if i == 0 else f"trace-seed{seed}"), steps, seed, trace,
+                     arrivals, reuse)
+    return {"seen": seen, "costs": costs, "lags": lags, "stalls": stalls, "mtbf": mtbf, "offsets": offsets,
+            "predicted": predict_wall(costs, lags, mtbf, seed, how=arrivals, stalls=stalls)}
+
+
 def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | list[int], overrides: list[str],
               reuse: bool = False, strike: str = "anywhere", clock: str = "steps",
               arrivals: str = "stratified", mtbf_r: float = 0.0) -> list[dict]:
@@ -358,39 +380,38 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
     seeds = seed if isinstance(seed, list) else [seed]
     if clock != "wall" and len(seeds) > 1:
         raise ValueError("several trace seeds: on the wall clock only")
-    seed = seeds[0]
     index = f"reference.index={(out / 'references').resolve()}"
-    fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike)
     if clock == "wall":
-        plan, weights = {}, MIXES["llama3"]
+        weights = MIXES["llama3"]
         mix = {kind: weights[kind] / sum(weights.values()) for kind in RECOVERABLE}
+        # each trace seed fitted just before its trace run (a later seed's runs end in -seed<N>): this VM's cold
+        # start, R's largest part, drifted by ~20% in an hour (2026-11-28: R 5.37 s fitted at 08:05, 4.35 s met by
+        # the traces over the next 50 minutes), and a fit taken once meets another host than a later trace
+        each = [wall_seed(strategy, out, i, one, steps, mtbf, mtbf_r, mix, index, overrides, reuse, strike,
+                          arrivals) for i, one in enumerate(seeds)]
+        seen = pooled([one["seen"] for one in each])
+        predictions = pooled_predictions([one["predicted"] for one in each])
+        planned = predictions[ARRIVALS].pop("failures")
+        costs, lags, stalls = each[0]["costs"], each[0]["lags"], each[0]["stalls"]
+        mtbf, fitted_r = float(np.mean([one["mtbf"] for one in each])), [one["costs"].recovery_s for one in each]
+        offsets = [o for one in each for o in one["offsets"]]
+        phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit runs' failures: where in a step
     else:
+        seed = seeds[0]
+        fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike)
         plan = dict(sorted(draw("llama3", mtbf, seed, 1, steps, arrivals).items()))
         mix = {kind: sum(1 for f in plan.values() if f == kind) / max(len(plan), 1) for kind in RECOVERABLE}
+        costs, lags = fitted_costs(fitted, lags, steps, mix)
+        stalls = {fault: own for fault, own in stalls.items() if own}
         trace = [f"fault.mtbf_steps={mtbf}", f"fault.strike={strike}"]
-    costs, lags = fitted_costs(fitted, lags, steps, mix)
-    stalls = {fault: own for fault, own in stalls.items() if own}  # none measured: each save's stall taken as C
-    if clock == "wall":
-        # R/M sets the trace's shape (the share of failures that strike a recovery, e^(-R/M) of them training), and
-        # R is a cold start on this host (~3 s on one VM, ~5 s on another): M as a multiple of R keeps the shape
-        mtbf = round(mtbf_r * costs.recovery_s, 2) if mtbf_r else mtbf
-        trace = ["fault.clock=wall", f"fault.mtbf_s={mtbf}"]
-        print(f"[trace bench] {strategy}: R {costs.recovery_s:.2f} s fitted, M {mtbf:g} s", flush=True)
-    seens = [trace_run(strategy, out / strategy / ("trace" if i == 0 else f"trace-seed{one}"), steps, one,
-                       [*trace, f"fault.arrivals={arrivals}", index, *overrides], arrivals, reuse)
-             for i, one in enumerate(seeds)]
-    seen = pooled(seens)
-    phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step they strike
-    if clock == "wall":  # each seed's trace predicted, and the seeds' summed as their runs are (``pooled``)
-        predictions = pooled_predictions([predict_wall(costs, lags, mtbf, one, how=arrivals, stalls=stalls)
-                                          for one in seeds])
-        planned = predictions[ARRIVALS].pop("failures")
-    else:
+        seen = trace_run(strategy, out / strategy / "trace", steps, seed,
+                         [*trace, f"fault.arrivals={arrivals}", index, *overrides], arrivals, reuse)
+        phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step
         at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) for d, times in strikes.items()}
         # fault.strike=anywhere (the trace's default): each failure its seeded fraction of a step into its step
         into = ({s: phase for s in plan} if strike == "boundary"
                 else {s: strike_fraction(seed, s) * costs.step_wall_s for s in plan})
-        predictions, planned = predict(costs, lags, plan, at, into), len(plan)
+        predictions, planned, fitted_r = predict(costs, lags, plan, at, into), len(plan), [costs.recovery_s]
     # what chance alone spreads the measured steps lost over: the model's per-failure spread at the count that
     # struck training (each loses d steps of its cycle, or the interval in a stall)
     struck = max(seen["faults"] - seen["in_recoveries"], 1)
@@ -406,7 +427,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
                          "faults": seen["faults"], "in_recoveries": seen["in_recoveries"], "planned": planned,
                          "bit_exact": seen["matches"], "t_w": costs.step_wall_s, "C": costs.stall_s,
                          "L": costs.stall_s + max(float(np.median(lags["node_loss"])), 0.0),
-                         "R": costs.recovery_s, "R_trace": seen["R_trace"], "lost_chance": chance, "M": mtbf,
+                         "R": float(np.mean(fitted_r)), "R_trace": seen["R_trace"], "lost_chance": chance, "M": mtbf,
                          "strike_phase_s": phase, "seeds": ",".join(map(str, seeds))})
     return rows
 
