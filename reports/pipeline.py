@@ -10,6 +10,7 @@ without ``done.json`` (reports/cell.py), so it runs again next time. Then Snakem
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -19,7 +20,7 @@ import pandas as pd
 import psutil  # a dependency of Snakemake
 
 from reports.cell import shown_state
-from resilience.proc.pool import Pool
+from resilience.proc.pool import POOL_ENV, Pool
 
 # The order of the table; "noisy" is an ok cell measured on a busy host.
 STATES = ("ok", "noisy", "unrecovered", "failed", "invalid", "not run")
@@ -104,7 +105,9 @@ def start_pool(wanted: bool) -> None:
     cells run on this machine, ``--config preload`` not false): it takes ~1.4 s off each cell before its first step,
     which no figure measures; every restart after a fault stays cold. Called from ``onstart``."""
     global _pool
-    if wanted and _pool is None:
+    if not wanted:  # cold as the setting says, even where the environment names a pool (a test session's own)
+        os.environ.pop(POOL_ENV, None)
+    elif _pool is None:
         _pool = Pool.start()
         if _pool is None:
             print("note: the cells' preloaded interpreter did not start: every cell starts cold", flush=True)

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from resilience.proc import child
+from resilience.proc import child, pool
 from resilience.proc.child import processes_mentioning
 from resilience.ckpt.shm_store import SHM_DIR, run_id
 from resilience.record.environment import ENV_VAR
@@ -37,7 +37,8 @@ def run_module(module: str, *args: str, timeout: float, merge_stderr: bool = Fal
                cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` (from ``cwd``: the repository root) in its own process group; killed whole on
     timeout."""
-    cmd = [sys.executable, "-m", module, *args]
+    # the experiment's command forked from the session's preloaded interpreter when there is one (``preloaded``)
+    cmd = pool.command(module, list(args)) if module == pool.SUPERVISOR else [sys.executable, "-m", module, *args]
     done = child.run(cmd, timeout_s=timeout, cwd=cwd, merge_stderr=merge_stderr)
     if done.timed_out:
         pytest.fail(f"python -m {module} {' '.join(args)} ran over {timeout} s\n{done.stdout[-5000:]}\n{done.stderr}")
@@ -114,6 +115,21 @@ def shared_environment(tmp_path_factory):
     yield
     os.environ.pop(ENV_VAR, None)
     os.environ.pop(REFERENCE_INDEX_VAR, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def preloaded():
+    """Every experiment command of the session (``run_cli``, and those the benches and tools it runs start:
+    ``child.experiment_command``) forked from one preloaded interpreter, as a pipeline's cells are
+    (``resilience.proc.pool``): ~2 s and ~3.5 s of CPU less a run, of the ~2 s its supervisor and zygote spend
+    importing before the first step. A run's result does not depend on how its supervisor started (tests/
+    test_pool.py holds a forked one to the cold one's state, bit for bit); its start's time does, and the tests
+    of the cold path start cold by name (test_pool.py, test_zygote.py). ``RB_TEST_COLD=1`` runs every command of
+    the session cold instead."""
+    started = None if os.environ.get("RB_TEST_COLD") == "1" else pool.Pool.start()
+    yield started
+    if started is not None:
+        started.stop()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from resilience.proc import child
 from resilience.proc.pool import POOL_ENV, Pool
 from resilience.record.events import read_events
 from resilience.strategies.replica import measured_rank_start_s
-from tests.conftest import left_nothing
+from tests.conftest import left_nothing, run_experiment
 
 # the session's reference training (tests/conftest.py: sync, 30 steps, a checkpoint every 5), a rank killed
 KILL = ("strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed=0", "fault=kill", "fault.rank=1",
@@ -23,16 +23,31 @@ KILL = ("strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed
 
 @pytest.fixture(scope="module")  # one pool for the file, as for a pipeline: it imports once, at its first command
 def pool():
+    outer = os.environ.get(POOL_ENV)  # the suite's own pool (tests/conftest.py), unless run cold
     started = Pool.start()
     assert started is not None, "the pool did not come up"
     try:
         yield started
     finally:
         started.stop()
-        assert started.proc.returncode == 0 and POOL_ENV not in os.environ
+        assert started.proc.returncode == 0 and os.environ.get(POOL_ENV) == outer
 
 
-def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_started(pool, reference, tmp_path):
+@pytest.fixture(scope="module")
+def cold_reference(tmp_path_factory) -> dict:
+    """The session's reference training (tests/conftest.py) started as a user's command starts: cold, whatever pool
+    the suite runs its other commands from."""
+    name = os.environ.pop(POOL_ENV, None)
+    try:
+        return run_experiment(tmp_path_factory.mktemp("cold") / "reference", "strategy=sync", "fault=none",
+                              "steps=30", "checkpoint.every=5", "world_size=2", "seed=0")
+    finally:
+        if name is not None:
+            os.environ[POOL_ENV] = name
+
+
+def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_started(pool, cold_reference,
+                                                                                      tmp_path):
     run_dir = tmp_path / "run"
     shm_before = set(os.listdir("/dev/shm"))
     cmd = child.experiment_command(KILL, run_dir)
@@ -42,9 +57,9 @@ def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_st
     left_nothing(run_dir, shm_before)
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "ok" and result["recovered"]
-    assert result["final_state_sha256"] == reference["final_state_sha256"]  # recovered bit for bit
+    assert result["final_state_sha256"] == cold_reference["final_state_sha256"]  # recovered bit for bit
     assert (result["supervisor_start"], result["first_start"], result["restarts"]) == ("preloaded", "preloaded", "cold")
-    assert reference["supervisor_start"] == "cold"  # the conftest's runs start as a user's command does
+    assert cold_reference["supervisor_start"] == "cold"  # started as a user's command is
     # a replacement's deadline (strategy=replica's auto) counts the pool's imports its zygote inherited: without them
     # a preloaded first start read 1.5 s where the cold restart took 4.8 s (and 0.38 s in a matrix, where 10x of it
     # was missed); with them 5.2 s

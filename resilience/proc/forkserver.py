@@ -105,6 +105,7 @@ def _child(request: dict, module: str, fds: list[int], closing: list, become: Be
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        search_path(request["env"].get("PYTHONPATH", ""))
         become(request, module)
         retitle([sys.executable, "-m", module, *request["args"]])
         sys.argv = [module, *request["args"]]  # argv[0] becomes the module's file, as with -m
@@ -122,6 +123,14 @@ def _child(request: dict, module: str, fds: list[int], closing: list, become: Be
         traceback.print_exc()
         code = 1
     os._exit(code)
+
+
+def search_path(pythonpath: str) -> None:
+    """The command's own ``PYTHONPATH`` on the import path, as its cold interpreter would have put it there (after
+    the command's directory, before the installed packages): the server's path was set when it started, and a
+    user's module in a folder outside the project is found through it (tests/test_extend.py, docs/own_model.md)."""
+    entries = [entry for entry in pythonpath.split(os.pathsep) if entry and entry not in sys.path]
+    sys.path[1:1] = entries
 
 
 class Forked:

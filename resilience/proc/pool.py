@@ -112,8 +112,8 @@ def serve(name: str, parent_pid: int) -> None:
 class Pool:
     """The pipeline's handle on its pool."""
 
-    def __init__(self, proc: subprocess.Popen, name: str) -> None:
-        self.proc, self.name = proc, name
+    def __init__(self, proc: subprocess.Popen, name: str, outer: str | None = None) -> None:
+        self.proc, self.name, self.outer = proc, name, outer  # outer: the pool named before this one, if any
 
     @classmethod
     def start(cls) -> Pool | None:
@@ -128,12 +128,16 @@ class Pool:
             proc.kill()
             proc.wait()
             return None
-        os.environ[POOL_ENV] = name
-        return cls(proc, name)
+        outer, os.environ[POOL_ENV] = os.environ.get(POOL_ENV), name
+        return cls(proc, name, outer)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """No new cell; wait for the running ones (none, at the pipeline's end), then make sure it is gone."""
-        os.environ.pop(POOL_ENV, None)
+        """No new cell; wait for the running ones (none, at the pipeline's end), then make sure it is gone. The
+        commands started after it go to the pool named before it (a test's own pool inside the suite's), if any."""
+        if self.outer is None:
+            os.environ.pop(POOL_ENV, None)
+        else:
+            os.environ[POOL_ENV] = self.outer
         self.proc.stdin.close()
         try:
             self.proc.wait(timeout_s)
