@@ -186,6 +186,20 @@ def test_each_saves_exposed_stall_is_paired_with_its_own_lag():
     assert mean == pytest.approx(paired)
 
 
+def test_steps_slowed_beside_a_persist_weigh_where_a_failure_lands():
+    # async's shape: the first step after a stall twice as long as the others (a persist beside it); scaled to
+    # every x t_w, only the shares count
+    cycle = 5 * 0.075 + 0.1
+    assert lost_per_failure(COSTS, [0.0], steps=[1.0] * 5) == pytest.approx(lost_per_failure(COSTS, [0.0]))
+    slow_first = lost_per_failure(COSTS, [0.0], steps=[2.0, 1.0, 1.0, 1.0, 1.0])
+    lengths = [0.375 * 2 / 6] + [0.375 / 6] * 4
+    assert slow_first == pytest.approx((sum(d * one for d, one in enumerate(lengths)) + 5 * 0.1) / cycle)
+    assert slow_first < lost_per_failure(COSTS, [0.0])
+    assert bench.lengths_after_stall(COSTS, {0: [0.0], 1: [0.2], 2: [0.3], 3: [0.4], 4: [0.5]}) == \
+        pytest.approx([0.2, 0.1, 0.1, 0.1, 0.1])
+    assert bench.lengths_after_stall(COSTS, {0: [0.0], 1: [0.2]}) is None  # a boundary never seen
+
+
 def test_the_chance_spread_of_a_failures_loss_is_the_models_own():
     # no stall, no lag: d uniform over 0..4, mean 2 and variance (5^2 - 1) / 12 = 2
     plain = RunCosts(steps=1000, every=5, step_s=0.07, step_wall_s=0.1, stall_s=0.0, startup_s=5.0,

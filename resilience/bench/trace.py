@@ -354,9 +354,10 @@ def wall_seed(strategy: str, out: Path, i: int, seed: int, steps: int, mtbf: flo
     for it from that fit alone. The first seed's runs keep their plain names (``fault_free``, ``trace``), a later
     one's end in ``-seed<N>``."""
     tag = "" if i == 0 else f"-seed{seed}"
-    fitted, lags, stalls, _, offsets = fit(strategy, out, index, overrides, reuse, strike, tag)
+    fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike, tag)
     costs, lags = fitted_costs(fitted, lags, steps, mix)
     stalls = {fault: own for fault, own in stalls.items() if own}  # none measured: each save's stall taken as C
+    lengths = lengths_after_stall(costs, strikes)
     # R/M sets the trace's shape (the share of failures that strike a recovery, e^(-R/M) of them training), and
     # R is a cold start on this host (~3 s on one VM, ~5 s on another): M as a multiple of R keeps the shape
     mtbf = round(mtbf_r * costs.recovery_s, 2) if mtbf_r else mtbf
@@ -365,7 +366,19 @@ def wall_seed(strategy: str, out: Path, i: int, seed: int, steps: int, mtbf: flo
     seen = trace_run(strategy, out / strategy / ("trace" if i == 0 else f"trace-seed{seed}"), steps, seed, trace,
                      arrivals, reuse)
     return {"seen": seen, "costs": costs, "lags": lags, "stalls": stalls, "mtbf": mtbf, "offsets": offsets,
-            "predicted": predict_wall(costs, lags, mtbf, seed, how=arrivals, stalls=stalls)}
+            "lengths": lengths, "predicted": predict_wall(costs, lags, mtbf, seed, how=arrivals, stalls=stalls,
+                                                          steps=lengths)}
+
+
+def lengths_after_stall(costs: RunCosts, strikes: dict[int, list[float]]) -> list[float] | None:
+    """The every steps' lengths after a checkpoint from the fit runs' ``strike_times`` (the median time to each
+    step's start after the stall: the first every - 1 steps' lengths), the last one taken as long as the one before
+    it (it ends where the next checkpoint's gap begins, which C holds); None where a boundary was never seen."""
+    if any(not strikes.get(d) for d in range(EVERY)):
+        return None
+    starts = [float(np.median(strikes[d])) for d in range(EVERY)]
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    return lengths + [lengths[-1]] if all(length > 0 for length in lengths) else None
 
 
 def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | list[int], overrides: list[str],
@@ -392,7 +405,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         seen = pooled([one["seen"] for one in each])
         predictions = pooled_predictions([one["predicted"] for one in each])
         planned = predictions[ARRIVALS].pop("failures")
-        costs, lags, stalls = each[0]["costs"], each[0]["lags"], each[0]["stalls"]
+        costs, lags, stalls, lengths = each[0]["costs"], each[0]["lags"], each[0]["stalls"], each[0]["lengths"]
         mtbf, fitted_r = float(np.mean([one["mtbf"] for one in each])), [one["costs"].recovery_s for one in each]
         offsets = [o for one in each for o in one["offsets"]]
         phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit runs' failures: where in a step
@@ -412,10 +425,11 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         into = ({s: phase for s in plan} if strike == "boundary"
                 else {s: strike_fraction(seed, s) * costs.step_wall_s for s in plan})
         predictions, planned, fitted_r = predict(costs, lags, plan, at, into), len(plan), [costs.recovery_s]
+        lengths = None
     # what chance alone spreads the measured steps lost over: the model's per-failure spread at the count that
     # struck training (each loses d steps of its cycle, or the interval in a stall)
     struck = max(seen["faults"] - seen["in_recoveries"], 1)
-    mean, sd = lost_spread(costs, lags, mix, stalls)
+    mean, sd = lost_spread(costs, lags, mix, stalls, lengths)
     chance = sd / mean / math.sqrt(struck) if mean > 0 else math.nan
     rows = []
     for how, predicted in predictions.items():
