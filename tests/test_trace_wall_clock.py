@@ -264,6 +264,23 @@ def test_each_trace_seed_is_fitted_just_before_its_own_trace_and_predicted_from_
     assert wall["predicted"] == pytest.approx(sum(each))  # each seed from its own fit, summed as the runs are
 
 
+def test_the_save_cycle_is_fitted_on_the_steady_run_and_the_strike_phase_on_the_struck_ones(tmp_path, monkeypatch):
+    # a restart-heavy fit run's saves are mostly an attempt's first, slower to be recoverable: not the trace's cycle
+    slow = {"fault_free": 0.01, "kill": 0.05, "node_loss": 0.07}
+    monkeypatch.setattr(bench, "run", lambda run_dir, overrides, reuse: ({"status": "ok"}, 0))
+    monkeypatch.setattr(bench, "measure", lambda run_dir: {"run": run_dir.name})
+    monkeypatch.setattr(bench, "lags_after_stall", lambda run_dir, fault: [(0.02, slow[run_dir.name])])
+    monkeypatch.setattr(bench, "strike_times",
+                        lambda run_dir: {d: [d * slow[run_dir.name]] for d in range(bench.EVERY)})
+    monkeypatch.setattr(bench, "fault_offsets",
+                        lambda run_dir: [] if run_dir.name == "fault_free" else [slow[run_dir.name]])
+    fitted, lags, stalls, strikes, offsets = bench.fit("inmemory", tmp_path, "", [], False)
+    assert set(fitted) == {"fault_free", "kill", "node_loss"}
+    assert lags == {"kill": [0.01], "node_loss": [0.01]} and stalls == {"kill": [0.02], "node_loss": [0.02]}
+    assert strikes == {d: [d * 0.01] for d in range(bench.EVERY)}
+    assert sorted(offsets) == [0.05, 0.07]
+
+
 @pytest.mark.parametrize("options", [["--seeds", "11,11"], ["--seeds", "11,x"],
                                      ["--clock", "steps", "--seeds", "11,12"]])
 def test_bad_trace_seeds_are_refused_in_one_line(tmp_path, capsys, options):
