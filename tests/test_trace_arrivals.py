@@ -18,7 +18,7 @@ from injectors import wall_striker
 from injectors.trace import BLOCK, Trace, arrivals, draw, draw_wall, stratified_block, stratified_times
 from injectors.wall_striker import WallStriker
 from resilience.bench import trace as bench
-from resilience.bench.trace_wall import ARRIVALS, predict_wall
+from resilience.bench.trace_wall import ARRIVALS, Cycle, predict_wall
 from resilience.projection.run_model import RunCosts
 from resilience.record.board import create_board
 from resilience.record.events import EventLog
@@ -137,5 +137,5 @@ def test_a_reused_run_says_how_its_arrivals_were_drawn(tmp_path):
 def test_the_prediction_counts_the_arrivals_as_drawn():
     costs = RunCosts(steps=1000, every=5, step_s=0.07, step_wall_s=0.075, stall_s=0.1, startup_s=5.0,
                      teardown_s=1.0, recovery_s=3.0)
-    arrived = predict_wall(costs, {"kill": [0.0], "node_loss": [0.0]}, M, 11, how="stratified")[ARRIVALS]
+    arrived = predict_wall(Cycle(costs, {"kill": [0.0], "node_loss": [0.0]}), M, 11, how="stratified")[ARRIVALS]
     assert arrived["failures"] == len(draw_wall("llama3", M, 11, arrived["wall_s"] * 1.0001, "stratified"))

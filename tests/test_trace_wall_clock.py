@@ -17,7 +17,7 @@ from injectors import wall_striker
 from injectors.trace import MIXES, Trace, arrivals, draw_wall
 from injectors.wall_striker import WallStriker
 from resilience.bench import trace as bench
-from resilience.bench.trace_wall import ARRIVALS, NOMINAL, lost_per_failure, lost_spread, predict_wall
+from resilience.bench.trace_wall import ARRIVALS, NOMINAL, Cycle, predict_wall
 from resilience.projection.goodput import predicted_goodput
 from resilience.projection.run_model import RunCosts
 from resilience.record.board import STEP_START, Beater, create_board, reset_board
@@ -137,14 +137,19 @@ COSTS = RunCosts(steps=1000, every=5, step_s=0.07, step_wall_s=0.075, stall_s=0.
                  recovery_s=3.0)
 
 
+def kill(lags: list[float], stalls: list[float] | None = None, steps: list[float] | None = None) -> Cycle:
+    """COSTS' cycle with one failure kind (``kill``): its lags, its saves' own stalls (None: each C), step lengths."""
+    return Cycle(COSTS, {"kill": lags}, {} if stalls is None else {"kill": stalls}, steps)
+
+
 def test_the_wall_clock_prediction_is_the_projections_closed_form_at_the_given_mtbf():
     lags = {"kill": [0.0], "node_loss": [0.0]}
-    got = predict_wall(COSTS, lags, 4.0, 11)
+    got = predict_wall(Cycle(COSTS, lags), 4.0, 11)
     g = float(predicted_goodput(5 * 0.075, 4.0, 0.1, 0.1, 3.0))
     wall = 1000 * 0.075 / g
     assert got[NOMINAL]["wall_s"] == pytest.approx(wall) and got[NOMINAL]["ettr"] == pytest.approx(g * 0.07 / 0.075)
     # failures in a recovery (a share 1 - exp(-R/M)) lose no step: only the others lose theirs
-    per = lost_per_failure(COSTS, [0.0])
+    per = kill([0.0]).lost("kill")
     assert per == pytest.approx(5 * (0.075 * 2 + 0.1) / (5 * 0.075 + 0.1))  # the stall loses the whole interval
     assert got[NOMINAL]["lost_steps"] == pytest.approx(wall / 4.0 * math.exp(-3.0 / 4.0) * per)
     # the seeded arrivals' own count in the window it predicts: M = W / K gives back that W
@@ -156,7 +161,7 @@ def test_the_wall_clock_prediction_is_the_projections_closed_form_at_the_given_m
 
 
 def test_a_lag_that_outlasts_the_strike_loses_the_interval_too():
-    assert lost_per_failure(COSTS, [0.075]) - lost_per_failure(COSTS, [0.0]) == pytest.approx(
+    assert kill([0.075]).lost("kill") - kill([0.0]).lost("kill") == pytest.approx(
         5 * 0.075 / (5 * 0.075 + 0.1))
 
 
@@ -164,10 +169,10 @@ def test_a_save_recoverable_inside_its_stall_exposes_only_the_stall_before_it():
     # in-memory: its snapshot committed while the stall goes on persisting it to disk (a lag below 0); half of the
     # saves so, 0.06 s before the stall's end: the interval is lost over 0.1 - 0.03 s of the stall on average
     cycle = 5 * 0.075 + 0.1
-    assert lost_per_failure(COSTS, [-0.06, 0.0]) == pytest.approx(5 * (0.075 * 2 + 0.07) / cycle)
-    assert lost_per_failure(COSTS, [-0.06, 0.0]) < lost_per_failure(COSTS, [0.0])
+    assert kill([-0.06, 0.0]).lost("kill") == pytest.approx(5 * (0.075 * 2 + 0.07) / cycle)
+    assert kill([-0.06, 0.0]).lost("kill") < kill([0.0]).lost("kill")
     # recoverable before the stall began (never negative exposure): the stall loses nothing
-    assert lost_per_failure(COSTS, [-0.5]) == pytest.approx(5 * 0.075 * 2 / cycle)
+    assert kill([-0.5]).lost("kill") == pytest.approx(5 * 0.075 * 2 / cycle)
 
 
 def test_each_saves_exposed_stall_is_paired_with_its_own_lag():
@@ -175,14 +180,14 @@ def test_each_saves_exposed_stall_is_paired_with_its_own_lag():
     # snapshots recoverable at their stall's end; the mean stall is C = 0.1 s either way
     stalls, lags = [0.4, 0.025, 0.025, 0.025, 0.025], [-0.39, 0.0, 0.0, 0.0, 0.0]
     cycle = 5 * 0.075 + 0.1
-    paired = lost_per_failure(COSTS, lags, stalls)
+    paired = kill(lags, stalls).lost("kill")
     assert paired == pytest.approx(5 * (0.075 * 2 + (0.01 + 4 * 0.025) / 5) / cycle)
     # taken against the mean stall instead, the short saves' lags would hide none of the long save's stall
-    unpaired = lost_per_failure(COSTS, lags)
+    unpaired = kill(lags).lost("kill")
     assert unpaired == pytest.approx(5 * (0.075 * 2 + 0.1 - 0.1 / 5) / cycle) and unpaired > paired
     # the events' stalls are scaled to the loop's C (they differ by a few ms): only their shares count
-    assert lost_per_failure(COSTS, lags, [2 * one for one in stalls]) == pytest.approx(paired)
-    mean, _ = lost_spread(COSTS, {"kill": lags}, {"kill": 1.0}, {"kill": stalls})
+    assert kill(lags, [2 * one for one in stalls]).lost("kill") == pytest.approx(paired)
+    mean, _ = Cycle(COSTS, {"kill": lags}, {"kill": stalls}).spread({"kill": 1.0})
     assert mean == pytest.approx(paired)
 
 
@@ -190,11 +195,11 @@ def test_steps_slowed_beside_a_persist_weigh_where_a_failure_lands():
     # async's shape: the first step after a stall twice as long as the others (a persist beside it); scaled to
     # every x t_w, only the shares count
     cycle = 5 * 0.075 + 0.1
-    assert lost_per_failure(COSTS, [0.0], steps=[1.0] * 5) == pytest.approx(lost_per_failure(COSTS, [0.0]))
-    slow_first = lost_per_failure(COSTS, [0.0], steps=[2.0, 1.0, 1.0, 1.0, 1.0])
+    assert kill([0.0], steps=[1.0] * 5).lost("kill") == pytest.approx(kill([0.0]).lost("kill"))
+    slow_first = kill([0.0], steps=[2.0, 1.0, 1.0, 1.0, 1.0]).lost("kill")
     lengths = [0.375 * 2 / 6] + [0.375 / 6] * 4
     assert slow_first == pytest.approx((sum(d * one for d, one in enumerate(lengths)) + 5 * 0.1) / cycle)
-    assert slow_first < lost_per_failure(COSTS, [0.0])
+    assert slow_first < kill([0.0]).lost("kill")
     assert bench.lengths_after_stall(COSTS, {0: [0.0], 1: [0.2], 2: [0.3], 3: [0.4], 4: [0.5]}) == \
         pytest.approx([0.2, 0.1, 0.1, 0.1, 0.1])
     assert bench.lengths_after_stall(COSTS, {0: [0.0], 1: [0.2]}) is None  # a boundary never seen
@@ -204,14 +209,14 @@ def test_the_chance_spread_of_a_failures_loss_is_the_models_own():
     # no stall, no lag: d uniform over 0..4, mean 2 and variance (5^2 - 1) / 12 = 2
     plain = RunCosts(steps=1000, every=5, step_s=0.07, step_wall_s=0.1, stall_s=0.0, startup_s=5.0,
                      teardown_s=1.0, recovery_s=3.0)
-    assert lost_spread(plain, {"kill": [0.0]}, {"kill": 1.0}) == pytest.approx((2.0, math.sqrt(2.0)))
+    assert Cycle(plain, {"kill": [0.0]}).spread({"kill": 1.0}) == pytest.approx((2.0, math.sqrt(2.0)))
     # a stall of a step's length: the interval (5) a sixth of the time, d = 0..4 the rest
     stalled = RunCosts(**{**plain.__dict__, "stall_s": 0.1})
-    mean, sd = lost_spread(stalled, {"kill": [0.0]}, {"kill": 1.0})
+    mean, sd = Cycle(stalled, {"kill": [0.0]}).spread({"kill": 1.0})
     assert mean == pytest.approx(15 / 6) and sd == pytest.approx(math.sqrt(55 / 6 - (15 / 6) ** 2))
     # two kinds: a mixture (the mean's weighed, the spread holds the kinds' difference too)
-    mixed = lost_spread(stalled, {"kill": [0.0], "node_loss": [0.1]}, {"kill": 0.5, "node_loss": 0.5})
-    node = lost_spread(stalled, {"node_loss": [0.1]}, {"node_loss": 1.0})
+    mixed = Cycle(stalled, {"kill": [0.0], "node_loss": [0.1]}).spread({"kill": 0.5, "node_loss": 0.5})
+    node = Cycle(stalled, {"node_loss": [0.1]}).spread({"node_loss": 1.0})
     assert mixed[0] == pytest.approx((mean + node[0]) / 2)
     assert mixed[1] ** 2 == pytest.approx((sd ** 2 + node[1] ** 2) / 2 + ((mean - node[0]) / 2) ** 2)
 
@@ -225,7 +230,7 @@ def test_several_traces_pool_as_one_longer_trace():
     assert bench.pooled([one, {**two, "matches": False}])["matches"] is False
     assert bench.pooled([one, {**two, "matches": None}])["matches"] is None  # unchecked: not called bit-exact
     lags = {"kill": [0.0], "node_loss": [0.0]}
-    each = [predict_wall(COSTS, lags, 4.0, seed) for seed in (11, 12)]
+    each = [predict_wall(Cycle(COSTS, lags), 4.0, seed) for seed in (11, 12)]
     both = bench.pooled_predictions(each)
     assert both[NOMINAL]["wall_s"] == pytest.approx(2 * each[0][NOMINAL]["wall_s"])
     assert both[ARRIVALS]["failures"] == each[0][ARRIVALS]["failures"] + each[1][ARRIVALS]["failures"]
@@ -258,8 +263,8 @@ def test_each_trace_seed_is_fitted_just_before_its_own_trace_and_predicted_from_
     costs = [bench.fitted_costs(fit("sync", tmp_path, "", [], False, "", tag)[0], {"kill": [0.0], "node_loss": [0.01]},
                                 1000, {"kill": 0.5, "node_loss": 0.5})[0] for tag in ("", "-seed12")]
     assert [c.recovery_s for c in costs] == [3.0, 4.0]
-    each = [predict_wall(c, {"kill": [0.0], "node_loss": [0.01]}, m, seed, how="stratified",
-                         stalls={"kill": [0.1], "node_loss": [0.1]})[NOMINAL]["wall_s"]
+    each = [predict_wall(Cycle(c, {"kill": [0.0], "node_loss": [0.01]}, {"kill": [0.1], "node_loss": [0.1]}), m, seed,
+                         how="stratified")[NOMINAL]["wall_s"]
             for c, m, seed in zip(costs, (4.5, 6.0), (11, 12))]
     assert wall["predicted"] == pytest.approx(sum(each))  # each seed from its own fit, summed as the runs are
 

@@ -68,7 +68,7 @@ import yaml
 
 from injectors.trace import ARRIVAL_DRAWS, BLOCK, CLOCKS, MIXES, STRIKES, draw, strike_fraction
 from resilience.bench import lineup
-from resilience.bench.trace_wall import ARRIVALS, NOMINAL, lost_spread, predict_wall
+from resilience.bench.trace_wall import ARRIVALS, NOMINAL, Cycle, predict_wall
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
 from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s, step_start
@@ -364,7 +364,7 @@ def wall_seed(strategy: str, out: Path, i: int, seed: int, steps: int, mtbf: flo
     fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike, tag)
     costs, lags = fitted_costs(fitted, lags, steps, mix)
     stalls = {fault: own for fault, own in stalls.items() if own}  # none measured: each save's stall taken as C
-    lengths = lengths_after_stall(costs, strikes)
+    cycle = Cycle(costs, lags, stalls, lengths_after_stall(costs, strikes))
     # R/M sets the trace's shape (the share of failures that strike a recovery, e^(-R/M) of them training), and
     # R is a cold start on this host (~3 s on one VM, ~5 s on another): M as a multiple of R keeps the shape
     mtbf = round(mtbf_r * costs.recovery_s, 2) if mtbf_r else mtbf
@@ -372,9 +372,8 @@ def wall_seed(strategy: str, out: Path, i: int, seed: int, steps: int, mtbf: flo
     trace = ["fault.clock=wall", f"fault.mtbf_s={mtbf}", f"fault.arrivals={arrivals}", index, *overrides]
     seen = trace_run(strategy, out / strategy / ("trace" if i == 0 else f"trace-seed{seed}"), steps, seed, trace,
                      arrivals, reuse)
-    return {"seen": seen, "costs": costs, "lags": lags, "stalls": stalls, "mtbf": mtbf, "offsets": offsets,
-            "lengths": lengths, "predicted": predict_wall(costs, lags, mtbf, seed, how=arrivals, stalls=stalls,
-                                                          steps=lengths)}
+    return {"seen": seen, "cycle": cycle, "mtbf": mtbf, "offsets": offsets,
+            "predicted": predict_wall(cycle, mtbf, seed, how=arrivals)}
 
 
 def lengths_after_stall(costs: RunCosts, strikes: dict[int, list[float]]) -> list[float] | None:
@@ -412,10 +411,9 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         seen = pooled([one["seen"] for one in each])
         predictions = pooled_predictions([one["predicted"] for one in each])
         planned = predictions[ARRIVALS].pop("failures")
-        costs, lags, stalls, lengths = each[0]["costs"], each[0]["lags"], each[0]["stalls"], each[0]["lengths"]
-        mtbf, fitted_r = float(np.mean([one["mtbf"] for one in each])), [one["costs"].recovery_s for one in each]
+        cycle = each[0]["cycle"]
+        mtbf, fitted_r = float(np.mean([one["mtbf"] for one in each])), [one["cycle"].costs.recovery_s for one in each]
         offsets = [o for one in each for o in one["offsets"]]
-        phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit runs' failures: where in a step
     else:
         seed = seeds[0]
         fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike)
@@ -423,20 +421,22 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         mix = {kind: sum(1 for f in plan.values() if f == kind) / max(len(plan), 1) for kind in RECOVERABLE}
         costs, lags = fitted_costs(fitted, lags, steps, mix)
         stalls = {fault: own for fault, own in stalls.items() if own}
+        cycle = Cycle(costs, lags, stalls)  # no step lengths measured here: each t_w
         trace = [f"fault.mtbf_steps={mtbf}", f"fault.strike={strike}"]
         seen = trace_run(strategy, out / strategy / "trace", steps, seed,
                          [*trace, f"fault.arrivals={arrivals}", index, *overrides], arrivals, reuse)
-        phase = float(np.median(offsets)) if offsets else 0.0  # the kill fit run's failures: where in a step
+    costs = cycle.costs
+    phase = float(np.median(offsets)) if offsets else 0.0  # the struck fit runs' failures: where in a step
+    if clock != "wall":  # the step clock's predictions need the phase (fault.strike=boundary strikes at it)
         at = {d: (float(np.median(times)) if times else d * costs.step_wall_s) for d, times in strikes.items()}
         # fault.strike=anywhere (the trace's default): each failure its seeded fraction of a step into its step
         into = ({s: phase for s in plan} if strike == "boundary"
                 else {s: strike_fraction(seed, s) * costs.step_wall_s for s in plan})
-        predictions, planned, fitted_r = predict(costs, lags, plan, at, into), len(plan), [costs.recovery_s]
-        lengths = None
+        predictions, planned, fitted_r = predict(costs, cycle.lags, plan, at, into), len(plan), [costs.recovery_s]
     # what chance alone spreads the measured steps lost over: the model's per-failure spread at the count that
     # struck training (each loses d steps of its cycle, or the interval in a stall)
     struck = max(seen["faults"] - seen["in_recoveries"], 1)
-    mean, sd = lost_spread(costs, lags, mix, stalls, lengths)
+    mean, sd = cycle.spread(mix)
     chance = sd / mean / math.sqrt(struck) if mean > 0 else math.nan
     rows = []
     for how, predicted in predictions.items():
@@ -447,7 +447,7 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
                          "error": value / truth - 1 if truth else (0.0 if not value else math.inf),
                          "faults": seen["faults"], "in_recoveries": seen["in_recoveries"], "planned": planned,
                          "bit_exact": seen["matches"], "t_w": costs.step_wall_s, "C": costs.stall_s,
-                         "L": costs.stall_s + max(float(np.median(lags["node_loss"])), 0.0),
+                         "L": costs.stall_s + cycle.median_lag("node_loss"),
                          "R": float(np.mean(fitted_r)), "R_trace": seen["R_trace"], "lost_chance": chance, "M": mtbf,
                          "strike_phase_s": phase, "seeds": ",".join(map(str, seeds))})
     return rows
