@@ -53,6 +53,12 @@ def test_a_killed_job_resumes_in_a_new_job_bit_exact(tmp_path, fault_free, strat
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from step {loaded}\n" in resumed.stdout
     left_nothing(run, shm_before)
+    resumed_bit_exact(run, fault_free, at, loaded)
+
+
+def resumed_bit_exact(run: Path, fault_free: dict, at: int, loaded: int) -> None:
+    """What a job killed at step ``at`` and resumed from checkpoint ``loaded`` leaves in ``run``: the fault-free
+    run's state, two jobs, attempts numbered on, the fault fired once, and the job restart's lost work and times."""
     result = json.loads((run / "result.json").read_text())
     assert result["status"] == "ok" and result["final_state_sha256"] == fault_free["final_state_sha256"]
     assert result["reference"]["matches"] is True  # the run says itself that it ended on the reference
@@ -174,14 +180,20 @@ def test_the_job_restart_is_split_into_gap_start_up_load_and_replay():
 
 
 @pytest.mark.timeout(300)
-def test_the_pipeline_runs_a_killed_job_and_its_resume_as_one_cell(tmp_path, fault_free):
+def test_the_pipeline_runs_a_killed_job_and_its_resume_as_one_cell(tmp_path, fault_free, capsys):
+    """The sync case of CASES, the same command, killed and resumed as the pipeline runs it: CI's job resume (the
+    direct test's [sync] is in the long tier, tests/tiers.py), with that test's checks but those made between the
+    two jobs (no result.json and ``resilience.result`` saying interrupted: tests/test_recovery.py's killed
+    supervisor)."""
     from reports.cell import run_cell
 
-    run_dir = tmp_path / "runs" / "sync-job_kill"
-    spec = {"cell": "sync-job_kill", "overrides": ["strategy=sync", "fault=job_kill", "fault.at_step=6", *TRAINING]}
+    strategy, fault, at, loaded = CASES[0]
+    run_dir, shm_before = tmp_path / "runs" / f"{strategy}-job_kill", set(os.listdir(SHM_DIR))
+    spec = {"cell": run_dir.name, "overrides": [f"strategy={strategy}", "fault=job_kill", *fault, *TRAINING]}
     record = run_cell(run_dir / "done.json", spec, timeout_s=240)
     assert record["state"] == "ok", record["error_detail"]
     assert [j["exit_code"] for j in record["jobs"]] == [-signal.SIGKILL, 0]  # the job killed, then its resume
     assert record["elapsed_s"] >= sum(j["elapsed_s"] for j in record["jobs"])
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["jobs"] == 2 and result["final_state_sha256"] == fault_free["final_state_sha256"]
+    assert f"resumed from step {loaded}\n" in capsys.readouterr().out  # the jobs' console, passed through
+    left_nothing(run_dir, shm_before)  # nothing of either job is left (the cell kills what escaped its group)
+    resumed_bit_exact(run_dir, fault_free, at, loaded)  # the cell keeps the event log (its checkpoints it removes)

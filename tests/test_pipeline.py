@@ -18,7 +18,7 @@ import yaml
 
 from conftest import ROOT, processes_mentioning, run_module
 from reports.cell import run_cell, state_line, validity_reasons
-from reports.limits import PROBE_DIR
+from reports.limits import PROBE_DIR, SIZE_VAR
 from reports.matrix import available, load_matrix
 from reports.scenario_choice import SCENARIOS
 from resilience.ckpt.shm_store import SHM_DIR, run_id
@@ -273,6 +273,17 @@ def test_smoke_matrix_end_to_end(tmp_path):
         env = run_dir / json.loads((run_dir / "result.json").read_text())["provenance"]["environment"]
         assert env.resolve().parent.parent == (results / PROBE_DIR).resolve()
         assert "torch_version" in json.loads(env.read_text())["collect_env"]
+    # The probe's figures and console (the probe command's, run first, by reports.limits, at RB_PROBE_MB's disk
+    # samples: tests/conftest.py's 128 MiB, a whole number of its 8 MiB chunks)
+    (snapshot,) = results.glob(f"{PROBE_DIR}/*/limits.json")
+    limits = json.loads(snapshot.read_text())
+    assert limits["probed"] is True and limits["probe_bytes"] == int(os.environ[SIZE_VAR]) << 20, limits
+    assert limits["write_GBps"] > 0 and limits["read_GBps"] > 0 and limits["memcpy_GBps"] > 0, limits
+    assert 0 < limits["rank_start_s"] < 60 and limits["p2p_GBps"] > 0, limits
+    assert limits["host"] and limits["measured_at"] <= time.time()
+    log = (results / "logs" / "probe.log").read_text()
+    assert "disk write (fsync, median)" in log and "rank start (2 ranks" in log and "rank-to-rank transfer" in log
+    assert re.search(rf"^  snapshot \S*/{snapshot.parent.name}/limits\.json$", log, re.MULTILINE), log[-3000:]
     html = (results / "report" / "index.html").read_text()
     assert 'id="projection"' in html and html.count("data:image/png;base64,") >= 7
     assert json.loads((results / "projection" / "projection_status.json").read_text())["ok"]

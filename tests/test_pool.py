@@ -47,7 +47,7 @@ def cold_reference(tmp_path_factory) -> dict:
 
 
 def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_started(pool, cold_reference,
-                                                                                      tmp_path):
+                                                                                      reference, tmp_path):
     run_dir = tmp_path / "run"
     shm_before = set(os.listdir("/dev/shm"))
     cmd = child.experiment_command(KILL, run_dir)
@@ -60,6 +60,9 @@ def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_st
     assert result["final_state_sha256"] == cold_reference["final_state_sha256"]  # recovered bit for bit
     assert (result["supervisor_start"], result["first_start"], result["restarts"]) == ("preloaded", "preloaded", "cold")
     assert cold_reference["supervisor_start"] == "cold"  # started as a user's command is
+    # two fault-free runs of one training agree bit for bit: this cold one and the session's, from the suite's pool
+    # (cold too under RB_TEST_COLD=1)
+    assert cold_reference["final_state_sha256"] == reference["final_state_sha256"]
     # a replacement's deadline (strategy=replica's auto) counts the pool's imports its zygote inherited: without them
     # a preloaded first start read 1.5 s where the cold restart took 4.8 s (and 0.38 s in a matrix, where 10x of it
     # was missed); with them 5.2 s

@@ -79,6 +79,14 @@ LONG: dict[str, str] = {
         "crash sweep",
     "tests/test_peers.py::test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact[dcp_async_process]":
         "crash sweep",
+    # a damaged checkpoint rejected, writers with a checkpoint process: CI keeps [dcp_async] (the same load and check:
+    # dcp_async_process is dcp_async saving from a process; torch_checkpointing's checksums checked before the load,
+    # agreed_entry, are torchsnapshot's and nvrx_async's, kept too) and torch_checkpointing's kill in a save
+    # (tests/test_torch_checkpointing.py)
+    "tests/test_rejected_load.py::test_a_rejected_checkpoint_leaves_the_state_as_it_was[torch_checkpointing]":
+        "writer sweep",
+    "tests/test_rejected_load.py::test_a_rejected_checkpoint_leaves_the_state_as_it_was[dcp_async_process]":
+        "writer sweep",
     # DLRover's memory copy: CI keeps the declared copy's recovery
     "tests/test_peers.py::test_dlrover_memory_recovery_as_shipped_and_with_the_declared_copy"
     "[dlrover_flash_shipped-False]": "library as shipped",
@@ -97,6 +105,10 @@ LONG: dict[str, str] = {
         "CI keeps NVRx's heartbeat under our launcher and ft_launcher's fault-free run",
     "tests/test_nvrx_inprocess.py::test_fault_free_run_is_the_plain_run": "CI keeps its in-process restart",
     "tests/test_recovery.py::test_torchrun_two_nodes_recover_bit_exact": "CI keeps tests/test_torchrun.py",
+    # two fault-free runs agree bit for bit, and no detector alarms: CI holds test_pool's cold run to the session's
+    # reference, which asserts its own false alarms (tests/conftest.py)
+    "tests/test_recovery.py::test_fault_free_runs_are_deterministic":
+        "CI keeps test_pool's cold fault-free run, held to the session's reference",
     "tests/test_faults.py::test_fault_scenario[hang-sigstop]": "CI keeps hang-stall",
     "tests/test_faults.py::test_fault_scenario[torn_write]":
         "CI keeps the disk fault's slow and ENOSPC modes and a damaged checkpoint rejected (tests/test_rejected_load.py)",
@@ -107,7 +119,12 @@ LONG: dict[str, str] = {
         "CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py)",
     "tests/test_preempt.py::test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing[no-save]":
         "CI keeps the save on notice, and a job killed and resumed (tests/test_job_resume.py)",
-    "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]": "CI keeps sync's resume",
+    # a killed job resumed in a new one: CI keeps sync's as the pipeline runs it, one cell, checked as the test
+    # below checks it (tests/test_job_resume.py)
+    "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[sync]":
+        "CI keeps the same job killed and resumed as a pipeline cell",
+    "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]":
+        "CI keeps sync's resume as a pipeline cell (test_the_pipeline_runs_a_killed_job_and_its_resume_as_one_cell)",
     "tests/test_failure_trace.py::test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_state":
         "CI keeps the kills and node losses it is made of (tests/test_recovery.py, tests/test_inmemory.py)",
     "tests/test_pipeline.py::test_a_kill_during_a_save_cell_leaves_no_shared_memory_behind[nvrx_async]":
@@ -161,6 +178,8 @@ LONG: dict[str, str] = {
     "tests/test_shadow.py::test_a_step_the_scaler_skipped_is_a_step_of_the_shadow_too": "CI keeps the unit test",
     # projection and matrices: CI keeps the default matrix's dry run and the smoke matrix end to end
     "tests/test_parity.py::test_costs_fitted_on_one_measured_run_predict_another": "two measured runs",
+    # the probe command's figures and console: CI keeps the smoke matrix's probe, the same command at RB_PROBE_MB's size
+    "tests/test_probe.py::test_probe_command_prints_and_writes_the_figures": "CI keeps the smoke matrix's probe",
     "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[peers]": "big matrix",
     "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[recovery_peers]":
         "big matrix",
