@@ -34,6 +34,7 @@ def test_a_drained_rank_moves_to_a_spare_with_no_step_lost_and_ends_bit_exact(tm
     assert [e["rank"] for e in events if e["kind"] == "handover"] == [0]
     heal = next(e for e in events if e["kind"] == "replica_heal")
     assert heal["rank"] == 1 and heal["step"] == 14 and heal["bytes"] > 0
+    assert heal["uninitialised"] is False  # the warm spare built its state before it had a rank, initialised
 
 
 @pytest.mark.timeout(240)

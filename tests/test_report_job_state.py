@@ -147,6 +147,8 @@ def test_the_pipeline_judges_each_part_against_its_reference_cell(tmp_path):
 @pytest.mark.timeout(120)
 def test_the_job_state_matrix_runs_the_real_loop_with_three_kills_and_its_reference():
     matrix = load_matrix("job_state", check=True)  # every cell as the command checks it
+    # one run directory per cell, short enough for the pipeline (as tests/test_pipeline.py checks the other matrices)
+    assert len({c.dir for c in matrix.cells}) == len(matrix.cells) and max(len(c.dir) for c in matrix.cells) < 64
     reference = matrix.cells[0]
     assert reference.is_reference and reference.values["strategy"] == "none"
     assert {c.reference for c in matrix.cells} == {reference.name}

@@ -79,8 +79,12 @@ def test_sharded_kill_and_recover_bit_exact(tmp_path, sharded_fault_free, parall
     # the torch internals it relied on, declared by the supervisor (the agent's hooks) and the ranks (FSDP's comm)
     assert {"elastic_agent_hooks", "fsdp_custom_reduce_scatter"} <= set(hit["torch_workarounds"])
     if strategy == "inmemory":  # the lost node's ranks loaded their shards from the other replica's memory
-        loaded = {e["rank"]: e["source"] for e in read_events(tmp_path / "hit") if e["kind"] == "ckpt_loaded"}
-        assert loaded == {0: "peer_memory", 1: "peer_memory", 2: "memory", 3: "memory"}, loaded
+        events = read_events(tmp_path / "hit")
+        # the newest snapshot, not the disk: checkpoint.every=4 and the loss before step 7's forward pass (step 8's
+        # snapshot is not taken yet; persist_every=4 puts none of steps 4 and 8 on disk)
+        loaded = {e["rank"]: (e["source"], e["step"]) for e in events if e["kind"] == "ckpt_loaded"}
+        assert loaded == {0: ("peer_memory", 4), 1: ("peer_memory", 4), 2: ("memory", 4), 3: ("memory", 4)}, loaded
+        assert not [e for e in events if e["kind"] == "ckpt_memory_fallback"]
 
 
 def test_shrink_drops_the_failed_ranks_nodes():

@@ -14,14 +14,17 @@ LONG: dict[str, str] = {
     "tests/test_preempt.py::test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing"
     "[inmemory-save-on-notice]": "strategy sweep",
     # the outside crash tester over sync's saves (an optional extra, skipped where it is not installed): CI keeps
-    # the kill in a save of every strategy of ours (tests/test_strategies.py) and the job killed in a save
+    # async's kill in a save (tests/test_strategies.py) and the job killed in a save
     "tests/test_chaos.py::test_ckpt_chaos_passes_every_crash_point_of_syncs_saves": "outside crash tester",
     # kill and recover per sharded strategy: CI keeps fsdp-sync-kill and hsdp-inmemory-node_loss
     "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[hsdp-dcp_async-kill]": "sharded sweep",
     "tests/test_sharded.py::test_sharded_kill_and_recover_bit_exact[fsdp-async-kill]": "sharded sweep",
-    # pipeline parallelism: CI keeps the kill before the forward pass, compared with the fault-free run
+    # pipeline parallelism: CI keeps the replicated pipeline's kill (tests/test_pipeline_dp.py) and swift_log's,
+    # each compared with its fault-free run
     "tests/test_pipeline_parallel.py::test_a_fault_free_pipeline_run_repeats_bit_for_bit":
-        "CI keeps the kill's run compared with the fault-free one",
+        "CI keeps pp_dp's and swift_log's kills, each compared with its fault-free run",
+    "tests/test_pipeline_parallel.py::test_a_killed_stage_restarts_with_every_rank_and_ends_bit_exact"
+    "[before_forward]": "CI keeps pp_dp's kill before the forward pass, which makes every assertion of this one",
     "tests/test_pipeline_parallel.py::test_a_killed_stage_restarts_with_every_rank_and_ends_bit_exact"
     "[during_checkpoint]": "kill phase sweep",
     # replicated pipelines: CI keeps the kill of one replica's rank, compared with the fault-free run
@@ -80,17 +83,24 @@ LONG: dict[str, str] = {
     "tests/test_peers.py::test_kill_during_a_save_loads_the_previous_checkpoint_bit_exact[dcp_async_process]":
         "crash sweep",
     # a damaged checkpoint rejected, writers with a checkpoint process: CI keeps [dcp_async] (the same load and check:
-    # dcp_async_process is dcp_async saving from a process; torch_checkpointing's checksums checked before the load,
-    # agreed_entry, are torchsnapshot's and nvrx_async's, kept too) and torch_checkpointing's kill in a save
-    # (tests/test_torch_checkpointing.py)
+    # dcp_async_process is dcp_async saving from a process, nvrx_async_dcp is committed like sync and loaded through
+    # DCP; torch_checkpointing's checksums checked before the load, agreed_entry, are torchsnapshot's and
+    # nvrx_async's, kept too) and torch_checkpointing's kill in a save (tests/test_torch_checkpointing.py)
     "tests/test_rejected_load.py::test_a_rejected_checkpoint_leaves_the_state_as_it_was[torch_checkpointing]":
         "writer sweep",
     "tests/test_rejected_load.py::test_a_rejected_checkpoint_leaves_the_state_as_it_was[dcp_async_process]":
+        "writer sweep",
+    "tests/test_rejected_load.py::test_a_rejected_checkpoint_leaves_the_state_as_it_was[nvrx_async_dcp]":
         "writer sweep",
     # DLRover's memory copy: CI keeps the declared copy's recovery
     "tests/test_peers.py::test_dlrover_memory_recovery_as_shipped_and_with_the_declared_copy"
     "[dlrover_flash_shipped-False]": "library as shipped",
     "tests/test_peers.py::test_dlrover_node_loss_takes_the_memory_copy_with_it": "node loss, covered by inmemory's",
+    # DLRover's standalone saver, fault-free: CI keeps dlrover_flash's kill recovered from memory, which checks the
+    # library record and the shared memory and sockets left, and the standalone saver's rejected load
+    # (tests/test_rejected_load.py)
+    "tests/test_peers.py::test_fault_free_run_is_bit_exact_and_declares_the_library[dlrover_flash_standalone]":
+        "library mode sweep",
     # the real loop: CI keeps the three kills and the negative control that restores the loader but not the RNG
     "tests/test_job_state.py::test_fp16_a_kill_after_steps_the_scaler_skipped_recovers_exact": "precision sweep",
     "tests/test_job_state.py::test_the_negative_controls_are_named_not_exact_with_the_parts_they_lose"
@@ -112,9 +122,23 @@ LONG: dict[str, str] = {
     "tests/test_faults.py::test_fault_scenario[hang-sigstop]": "CI keeps hang-stall",
     "tests/test_faults.py::test_fault_scenario[torn_write]":
         "CI keeps the disk fault's slow and ENOSPC modes and a damaged checkpoint rejected (tests/test_rejected_load.py)",
+    # sync's rank 1 SIGKILLed before the forward pass: CI keeps test_pool's SIGKILL run (tests/test_pool.py), which
+    # checks the same verdict, blame and survivor exit
+    "tests/test_faults.py::test_fault_scenario[kill]": "CI keeps test_pool's SIGKILL run",
+    # a node lost: CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py) and sync's node lost and returned
+    # (tests/test_grow.py); a restart from a disk checkpoint is kept by the kills
+    "tests/test_faults.py::test_fault_scenario[node_loss]": "fault x strategy sweep",
+    # a weight's bit flipped: CI keeps the flip detected and rolled back (tests/test_detectors.py)
+    "tests/test_faults.py::test_fault_scenario[bitflip-weights]": "the flip undetected, diverging",
     # the same mechanism at another step or phase
-    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[whole-world-one-node]": "inmemory sweep",
-    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[kill-mid-snapshot]": "inmemory sweep",
+    # inmemory's restart from memory: CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py), which holds every
+    # rank's source and step; a kill is kept in CI for every other strategy
+    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[kill]":
+        "CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py)",
+    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[whole-world-one-node]":
+        "inmemory sweep; CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py)",
+    "tests/test_inmemory.py::test_recovery_source_and_bit_exact[kill-mid-snapshot]":
+        "inmemory sweep; CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py)",
     "tests/test_inmemory.py::test_recovery_source_and_bit_exact[node-loss-peer-copy]":
         "CI keeps hsdp-inmemory-node_loss (tests/test_sharded.py)",
     "tests/test_preempt.py::test_a_preempted_job_resumes_bit_exact_and_a_save_on_notice_loses_nothing[no-save]":
@@ -126,34 +150,61 @@ LONG: dict[str, str] = {
     "tests/test_job_resume.py::test_a_killed_job_resumes_in_a_new_job_bit_exact[async]":
         "CI keeps sync's resume as a pipeline cell (test_the_pipeline_runs_a_killed_job_and_its_resume_as_one_cell)",
     "tests/test_failure_trace.py::test_a_traced_run_meets_every_planned_failure_and_ends_on_the_fault_free_state":
-        "CI keeps the kills and node losses it is made of (tests/test_recovery.py, tests/test_inmemory.py)",
+        "CI keeps the kills and node losses it is made of (tests/test_recovery.py, tests/test_sharded.py, "
+        "tests/test_grow.py)",
+    # a kill in a save, as a pipeline cell, leaving nothing in /dev/shm: CI keeps torch_checkpointing's kill in a
+    # save (tests/test_torch_checkpointing.py), a library whose checkpoint process takes the tensors through shared
+    # memory, checked by run_experiment's left_nothing
+    "tests/test_pipeline.py::test_a_kill_during_a_save_cell_leaves_no_shared_memory_behind[dcp_async_process]":
+        "library sweep",
     "tests/test_pipeline.py::test_a_kill_during_a_save_cell_leaves_no_shared_memory_behind[nvrx_async]":
-        "CI keeps dcp_async_process's, the other library that hands tensors to workers through /dev/shm",
+        "CI keeps torch_checkpointing's kill in a save, whose checkpoint process takes the tensors through /dev/shm",
     "tests/test_recovery.py::test_kill_and_recover_bit_exact[async-3]": "kill-step sweep",
     "tests/test_recovery.py::test_kill_and_recover_bit_exact[none-0]":
         "CI keeps the smoke matrix's none x kill, matched with its reference (tests/test_pipeline.py)",
     "tests/test_drain.py::test_a_notice_too_short_for_the_move_is_a_node_loss_recovered_bit_exact":
-        "CI keeps the drain's move and the node losses (tests/test_faults.py)",
+        "CI keeps the drain's move and the node losses (tests/test_sharded.py, tests/test_grow.py)",
     "tests/test_recovery.py::test_kill_and_recover_bit_exact[sync-2]": "kill-step sweep",
-    "tests/test_strategies.py::test_kill_and_recover_bit_exact[async-before_forward]": "CI keeps during_checkpoint",
-    "tests/test_strategies.py::test_kill_and_recover_bit_exact[dcp_async-before_forward]": "CI keeps during_checkpoint",
+    # a kill of an async-snapshot strategy: CI keeps async's kill in a save (during_checkpoint)
+    "tests/test_strategies.py::test_kill_and_recover_bit_exact[async-before_forward]":
+        "CI keeps async's during_checkpoint",
+    "tests/test_strategies.py::test_kill_and_recover_bit_exact[dcp_async-before_forward]":
+        "CI keeps async's during_checkpoint",
+    "tests/test_strategies.py::test_kill_and_recover_bit_exact[dcp_async-during_checkpoint]":
+        "CI keeps async's during_checkpoint",
+    # Check-N-Run's chains killed on 2 ranks: CI keeps the incremental and quantized chains in process
+    # (tests/test_incremental.py: a chain restores its newest link, a broken link falls back, a quantized chain
+    # approximates the tables; tests/test_rejected_load.py [incremental] and [quantized]) and a disk strategy's kill
+    # restarted from its checkpoint (tests/test_strategies.py [async-during_checkpoint], tests/test_recovery.py
+    # [sync-1])
+    "tests/test_incremental.py::"
+    "test_two_ranks_killed_after_several_increments_recover_bit_exact_and_quantized_by_design_not":
+        "strategy sweep",
     "tests/test_replica.py::test_survivors_keep_running_and_end_bit_exact[hang-1]": "replica sweep",
+    # a warm spare replacing a killed rank: CI keeps the replica's kill (survivors_keep_running[kill-0-mid-step]) and
+    # the drain's warm spare, which heals from a live replica with its state built initialised (tests/test_drain.py)
+    "tests/test_replica.py::test_survivors_keep_running_and_end_bit_exact[spare]": "replica sweep",
     # dlrm_emb's replacement built uninitialised: CI keeps the kill of gpt_tiny's and dlrm_emb's heal in process
     # (tests/test_uninitialised.py)
     "tests/test_replica.py::test_a_dlrm_replacement_built_uninitialised_ends_bit_exact": "workload sweep",
     # a cold spare racing the survivor's last 17 steps: on a VM whose cold start takes 5 s (2026-11-28) it came up
-    # after the last step, idle; CI keeps the spare that replaces a killed rank at once (survivors_keep_running[spare])
+    # after the last step, idle; CI keeps the warm spare that takes a drained rank at once (tests/test_drain.py)
     "tests/test_replica.py::test_while_replacing_continue_trains_at_reduced_width_and_heals_consistent[spare]":
         "host-timed spare race",
     "tests/test_replica.py::test_while_replacing_continue_trains_at_reduced_width_and_heals_consistent[late]":
         "replica sweep",
     "tests/test_replica.py::test_reconcile_redoes_the_step_and_fills_a_replacement[65536]": "bucket-size sweep",
+    # a reconcile at step 0: CI keeps test_reconcile_redoes_the_step_and_fills_a_replacement[None]
+    "tests/test_replica.py::test_reconcile_at_step_zero_moves_nothing": "CI keeps reconcile [None]",
     "tests/test_replica_torchft.py::test_with_every_group_required_the_survivor_waits_and_the_heal_is_bit_exact":
         "CI keeps the kill-and-heal run",
     "tests/test_replica_torchft.py::test_as_shipped_the_survivor_of_a_kill_mid_allreduce_crashes":
         "library as shipped",
+    # torchft's fault-free run: CI keeps the kill-and-heal run, held to the session's reference
+    "tests/test_replica_torchft.py::test_fault_free_run_commits_every_step_at_full_width_bit_exact":
+        "CI keeps the kill-and-heal run",
     # strategy=jit: CI keeps the kill and world_size=1 with no replica left; the hang and the collective timeout are
-    # kept in CI for sync (tests/test_detectors.py), the real loop's kills for sync and shadow
+    # kept in CI for sync (tests/test_detectors.py), the real loop's kills for sync (tests/test_job_state.py)
     "tests/test_jit.py::test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight"
     "[kill-after-reduce]": "kill phase sweep",
     "tests/test_jit.py::test_a_survivor_writes_the_last_step_and_the_restart_replays_at_most_the_one_in_flight"
@@ -166,18 +217,26 @@ LONG: dict[str, str] = {
     # jit's shards under HSDP: CI keeps jit's kills unsharded and HSDP under inmemory (tests/test_sharded.py)
     "tests/test_jit.py::test_under_hsdp_each_shard_is_written_by_one_survivor_and_the_set_is_committed":
         "recovery x parallelism",
-    # strategy=shadow: CI keeps the kill after the reduction under train=real, and the other kills; a node loss is
-    # kept in CI for inmemory (tests/test_sharded.py)
+    # strategy=shadow: CI keeps the kill after the reduction; the whole job state is kept for sync
+    # (tests/test_job_state.py), as for jit; a node loss is kept in CI for inmemory (tests/test_sharded.py)
     "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step[node-loss]":
         "fault sweep",
-    "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step[kill-after-reduce]":
-        "CI keeps it under train=real",
+    # CI keeps shadow's kill after the reduction
+    "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step"
+    "[kill-before-forward]": "kill phase sweep",
     "tests/test_shadow.py::test_a_kill_restarts_from_the_shadow_bit_exact_losing_at_most_one_step"
     "[kill-while-publishing]": "kill phase sweep",
+    "tests/test_shadow.py::test_the_whole_job_state_comes_back_each_rank_s_parts_from_the_shadow": "job state sweep",
     # the scaler's skipped step end to end (fp16 on CPU is slow): CI keeps it in the shadow's unit test
     "tests/test_shadow.py::test_a_step_the_scaler_skipped_is_a_step_of_the_shadow_too": "CI keeps the unit test",
-    # projection and matrices: CI keeps the default matrix's dry run and the smoke matrix end to end
+    # projection and matrices: CI keeps the default matrix's cells checked in process and the smoke matrix end to end
     "tests/test_parity.py::test_costs_fitted_on_one_measured_run_predict_another": "two measured runs",
+    # the projection command end to end: CI keeps the smoke matrix's project rule, the same CLI, with its console and
+    # Monte Carlo checks (tests/test_pipeline.py)
+    "tests/test_projection.py::test_cli_end_to_end_writes_outputs": "CI keeps the smoke matrix's project rule",
+    # Snakemake's plan of the default matrix: CI keeps the default matrix's cells checked in process and the smoke
+    # matrix's dry run end to end (test_smoke_matrix_end_to_end)
+    "tests/test_pipeline.py::test_dry_run_of_a_matrix_plans_each_cell_once[default]": "big matrix",
     # the probe command's figures and console: CI keeps the smoke matrix's probe, the same command at RB_PROBE_MB's size
     "tests/test_probe.py::test_probe_command_prints_and_writes_the_figures": "CI keeps the smoke matrix's probe",
     "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[peers]": "big matrix",
@@ -185,4 +244,10 @@ LONG: dict[str, str] = {
         "big matrix",
     "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[sharded]": "big matrix",
     "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[full]": "big matrix",
+    # CI keeps tests/test_report_job_state.py, which checks every cell of job_state
+    "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[job_state]":
+        "big matrix",
+    # test_interval's matrix test (tests/test_interval.py) loads techniques
+    "tests/test_pipeline.py::test_every_cell_of_every_other_matrix_passes_the_commands_checks[techniques]":
+        "big matrix",
 }
