@@ -25,7 +25,8 @@ from resilience.record.reference import INDEX_VAR as REFERENCE_INDEX_VAR
 os.environ.setdefault("TORCHELASTIC_RUN_ID", f"rbtest{os.getpid()}")
 # Every rank start after a run's first is forked from the run's preloaded interpreter (supervisor.restarts, in
 # conf/config.yaml), not a cold interpreter: ~2.5 s less per restart, and a restart's correctness does not depend on
-# how its process started. Its time does: tests of the cold path (test_zygote.py) name supervisor.restarts=cold.
+# how its process started. Its time does: tests of the cold path (test_pool.py, test_zygote.py) name
+# supervisor.restarts=cold.
 os.environ.setdefault("RB_RESTARTS", "preloaded")
 # The pipelines' probe writes 128 MiB disk samples, not 1 GiB (reports/limits.py): seconds less per pipeline run.
 os.environ.setdefault("RB_PROBE_MB", "128")

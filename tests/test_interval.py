@@ -116,12 +116,15 @@ def test_a_fixed_interval_is_unchanged():
 
 
 @pytest.mark.timeout(300)
-def test_auto_recovers_bit_exact_at_the_steps_it_chose(tmp_path):
+def test_auto_recovers_bit_exact_at_the_steps_it_chose(tmp_path, reference):
     run_dir = tmp_path / "run"
+    # The session reference's training (tests/conftest.py: 30 steps on 2 ranks, seed 0), checked against it: the
+    # interval does not change the training. Killed at step 20, after the choice at step 6 (below).
     r = run_experiment(run_dir, "strategy=sync", "checkpoint.every=auto", "checkpoint.auto.mtbf_steps=40",
-                       "checkpoint.auto.first=3", "steps=45", "world_size=2", "seed=0", "fault=kill",
-                       "fault.rank=1", "fault.at_step=30", "reference.check=run", timeout=240)
-    assert r["status"] == "ok" and r["recovered"] and r["reference"]["matches"] is True
+                       "checkpoint.auto.first=3", "steps=30", "world_size=2", "seed=0", "fault=kill",
+                       "fault.rank=1", "fault.at_step=20", "reference.check=none", timeout=240)
+    assert r["status"] == "ok" and r["recovered"]
+    assert r["final_state_sha256"] == reference["final_state_sha256"]
     assert r["checkpoint_every"] == "auto" and r["checkpoint_intervals"]
     events = read_events(run_dir)
     for attempt in {e["attempt"] for e in events if e["kind"] == "ckpt_begin"}:

@@ -59,7 +59,8 @@ def check_peer_record(result: dict) -> None:
 
 @pytest.mark.timeout(240)
 # The options that the kill-in-a-save test below runs end bit-exact there, declared, leaving nothing behind: only
-# the one it does not run has a fault-free case of its own (each case is seconds of the suite's 15 minutes).
+# the one it does not run has a fault-free case of its own. Where these runs are in the long tier (tests/tiers.py),
+# DLRover's memory recovery (further below) checks a library's record and leftovers in CI.
 @pytest.mark.parametrize("option", peer_params("dlrover_flash_standalone"))
 def test_fault_free_run_is_bit_exact_and_declares_the_library(tmp_path, reference, option):
     before = shm_and_sockets()
@@ -110,6 +111,7 @@ def test_dlrover_memory_recovery_as_shipped_and_with_the_declared_copy(tmp_path,
     ranks of the node map: the run ends in a different state (the finding this suite reports); with the declared
     ``clone_loaded_state`` it is bit-exact. When a DLRover release fixes it, the second row fails: update
     docs/peers.md."""
+    before = shm_and_sockets()
     result = run_experiment(tmp_path / "run", f"strategy={option}", "fault=kill", "fault.rank=1", "fault.at_step=18",
                             "fault.phase=before_optimizer_step", *COMMON)
     assert result["status"] == "ok" and result["recovered"]
@@ -117,6 +119,8 @@ def test_dlrover_memory_recovery_as_shipped_and_with_the_declared_copy(tmp_path,
     assert {(e["source"], e["step"]) for e in loads} == {("memory", 15)}, checkpoint_story(tmp_path / "run")
     assert (result["final_state_sha256"] == reference["final_state_sha256"]) is exact
     assert result["peer_patches"] == ([] if not exact else ["clone_loaded_state"])
+    check_peer_record(result)
+    assert shm_and_sockets() <= before, "the library left shared memory or sockets behind"
 
 
 @DLROVER

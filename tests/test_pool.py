@@ -63,10 +63,24 @@ def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_st
     # two fault-free runs of one training agree bit for bit: this cold one and the session's, from the suite's pool
     # (cold too under RB_TEST_COLD=1)
     assert cold_reference["final_state_sha256"] == reference["final_state_sha256"]
+    events = read_events(run_dir)
+    # the first attempt's ranks forked from the zygote, the restart's started cold (supervisor.restarts=cold)
+    starts = sorted((e["attempt"], e["rank"], e["preloaded"]) for e in events if e["kind"] == "run_start")
+    assert starts == [(0, 0, True), (0, 1, True), (1, 0, False), (1, 1, False)], starts
+    # the kill as the supervisor saw it: rank 1's stub, the process it watches, died of the same SIGKILL
+    fault = next(e for e in events if e["kind"] == "fault_injected")
+    detected = next(e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"])
+    assert detected["value"]["1"] == "SIGKILL" and detected["blamed_rank"] == 1
+    assert result["detector"] == "process_exit" and result["detected_rank"] == 1 and result["detected_rank_correct"]
+    # The survivor's collective fails at once; if the supervisor stops it first, the restart marks its end.
+    ended = [e["t_mono"] for e in events if (e["kind"] == "rank_error" and e["rank"] == 0 and e["attempt"] == 0)
+             or e["kind"] == "restart"]
+    assert min(ended) - fault["t_mono"] < 2.0
+    # killed before step 13's forward pass: sync's step-10 checkpoint (checkpoint.every=5) is loaded
+    assert result["lost_steps"] == 3
     # a replacement's deadline (strategy=replica's auto) counts the pool's imports its zygote inherited: without them
     # a preloaded first start read 1.5 s where the cold restart took 4.8 s (and 0.38 s in a matrix, where 10x of it
     # was missed); with them 5.2 s
-    events = read_events(run_dir)
     restart = next(e["t_mono"] for e in events if e["kind"] == "restart")
     cold = min(e["t_mono"] for e in events if e["kind"] == "run_start" and e["attempt"] == 1) - restart
     assert measured_rank_start_s(events) > cold / 2, (measured_rank_start_s(events), cold)

@@ -50,6 +50,11 @@ def test_kill_and_recover_bit_exact(tmp_path, reference, description, overrides,
     assert result["steps_completed"] == 30
     assert result["replicas_agree"]
     assert result["final_state_sha256"] == reference["final_state_sha256"], description
+    # the first attempt's ranks forked from the zygote (conf/config.yaml), the restarts as the suite sets them
+    # (tests/conftest.py: RB_RESTARTS, preloaded unless set otherwise)
+    assert (result["first_start"], result["restarts"]) == ("preloaded", os.environ["RB_RESTARTS"])
+    preloaded = [e["preloaded"] for e in read_events(tmp_path / "run") if e["kind"] == "run_start"]
+    assert all(preloaded) == (os.environ["RB_RESTARTS"] == "preloaded"), preloaded
 
 
 @pytest.mark.timeout(240)

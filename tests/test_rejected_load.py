@@ -8,13 +8,11 @@ from step 0, and leave model and optimizer exactly as built: building a load tar
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from conftest import ROOT, run_experiment
+from conftest import ROOT, SHORT, run_experiment
 from resilience.ckpt.commit import CheckpointDir
 from resilience.record.events import read_events
 from resilience.settings.schema import SCHEMA_NAME  # noqa: F401 - registers the settings' schema that config.yaml names
@@ -91,15 +89,16 @@ def test_the_restore_point_undoes_a_fresh_optimizers_initialisation():
 
 
 @pytest.mark.timeout(180)
-def test_the_torture_benchs_reproducer_ends_on_the_fault_free_state(tmp_path):
+def test_the_torture_benchs_reproducer_ends_on_the_fault_free_state(tmp_path, fault_free_run):
     """A flipped bit in rank 1's step-4 checkpoint, then a kill at step 6: the checkpoint is rejected, training
-    starts over from step 0, and ends bit for bit on the reference, which the run itself ran and says it matches
+    starts over from step 0, and ends bit for bit on the reference, which the run finds recorded and says it matches
     (before the fix: ``ok``, and a final state off the reference from step 2 on)."""
+    # SHORT's training: its fault-free run, the session's (tests/test_jit.py's reference too), recorded itself as the
+    # reference that reference.check=run finds, instead of running one of its own
+    reference = fault_free_run(*SHORT)
     result = run_experiment(tmp_path / "run", "strategy=sync", "fault=ckpt_damage", "fault.how=flip", "fault.rank=1",
-                            "fault.at_step=6", "workload=gpt_tiny", "steps=16", "checkpoint.every=4", "world_size=2",
-                            "seed=0", "detector=[process_exit]", "timeouts.collective_s=10", "reference.check=run")
+                            "fault.at_step=6", *SHORT, "timeouts.collective_s=10", "reference.check=run")
     rejected = [e for e in read_events(tmp_path / "run") if e["kind"] == "ckpt_rejected"]
     assert [e["step"] for e in rejected] == [4] and result["status"] == "ok"
-    assert result["reference"]["matches"] is True
-    reference = json.loads((tmp_path / "run" / "reference" / "result.json").read_text())
-    assert result["final_state_sha256"] == reference["final_state_sha256"]
+    assert result["reference"]["matches"] is True and not (tmp_path / "run" / "reference").exists()
+    assert result["final_state_sha256"] == result["reference"]["sha256"] == reference["final_state_sha256"]
