@@ -265,3 +265,14 @@ def refusal(tmp_path, overrides) -> str:
     with pytest.raises(ConfigError) as info:
         checked(tmp_path, overrides)
     return str(info.value)
+
+
+def sigkill_seen(events: list[dict]) -> None:
+    """Rank 1 SIGKILLed: the supervisor's verdict blames it, and the survivor's attempt ends at once (its collective
+    fails; if the supervisor stops it first, the restart marks its end)."""
+    fault = next(e for e in events if e["kind"] == "fault_injected")
+    detected = next(e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"])
+    assert detected["value"]["1"] == "SIGKILL" and detected["blamed_rank"] == 1
+    ended = [e["t_mono"] for e in events if (e["kind"] == "rank_error" and e["rank"] == 0 and e["attempt"] == 0)
+             or e["kind"] == "restart"]
+    assert min(ended) - fault["t_mono"] < 2.0

@@ -14,7 +14,7 @@ from resilience.proc import child
 from resilience.proc.pool import POOL_ENV, Pool
 from resilience.record.events import read_events
 from resilience.strategies.replica import measured_rank_start_s
-from tests.conftest import left_nothing, run_experiment
+from tests.conftest import left_nothing, run_experiment, sigkill_seen
 
 # the session's reference training (tests/conftest.py: sync, 30 steps, a checkpoint every 5), a rank killed
 KILL = ("strategy=sync", "steps=30", "checkpoint.every=5", "world_size=2", "seed=0", "fault=kill", "fault.rank=1",
@@ -68,14 +68,8 @@ def test_a_supervisor_forked_from_the_pool_recovers_bit_exact_and_says_how_it_st
     starts = sorted((e["attempt"], e["rank"], e["preloaded"]) for e in events if e["kind"] == "run_start")
     assert starts == [(0, 0, True), (0, 1, True), (1, 0, False), (1, 1, False)], starts
     # the kill as the supervisor saw it: rank 1's stub, the process it watches, died of the same SIGKILL
-    fault = next(e for e in events if e["kind"] == "fault_injected")
-    detected = next(e for e in events if e["kind"] == "fault_detected" and e["t_mono"] >= fault["t_mono"])
-    assert detected["value"]["1"] == "SIGKILL" and detected["blamed_rank"] == 1
+    sigkill_seen(events)
     assert result["detector"] == "process_exit" and result["detected_rank"] == 1 and result["detected_rank_correct"]
-    # The survivor's collective fails at once; if the supervisor stops it first, the restart marks its end.
-    ended = [e["t_mono"] for e in events if (e["kind"] == "rank_error" and e["rank"] == 0 and e["attempt"] == 0)
-             or e["kind"] == "restart"]
-    assert min(ended) - fault["t_mono"] < 2.0
     # killed before step 13's forward pass: sync's step-10 checkpoint (checkpoint.every=5) is loaded
     assert result["lost_steps"] == 3
     # a replacement's deadline (strategy=replica's auto) counts the pool's imports its zygote inherited: without them
