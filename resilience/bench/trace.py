@@ -73,7 +73,7 @@ from resilience.bench.experiment import run_afresh, write_table
 from resilience.projection.goodput import predicted_goodput
 from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s, step_start
 from resilience.record.events import read_events
-from resilience.record.query import recovery_window
+from resilience.record.query import fault_windows, recovery_seconds
 from resilience.record.fsio import atomic_write_bytes
 
 EVERY = 5
@@ -306,15 +306,7 @@ def whole_recoveries_s(run_dir: Path) -> float:
     """The mean recovery of a trace run's failures that no other failure interrupted (the fault to the next
     attempt's first step start, before the next fault): what the fitted R stands for, seen in the trace (NaN if
     none)."""
-    events = read_events(run_dir)
-    faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
-    whole = []
-    for fault, after in zip(faults, [*faults[1:], None]):
-        window = recovery_window(events, fault)
-        if window is not None and window.first_step is not None:
-            end = step_start(window.first_step)
-            if after is None or after["t_mono"] > end:
-                whole.append(end - fault["t_mono"])
+    whole = recovery_seconds(fault_windows(read_events(run_dir)), whole=True)
     return float(np.mean(whole)) if whole else math.nan
 
 

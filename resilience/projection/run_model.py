@@ -39,7 +39,7 @@ import numpy as np
 from resilience.proc import child
 from injectors.plan import fault_plan
 from resilience.record.events import read_events
-from resilience.record.query import first, productive_step_times, recovery_window, step_start
+from resilience.record.query import fault_windows, first, productive_step_times, recovery_seconds, step_start
 from resilience.projection.goodput import predicted_goodput
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,14 +210,9 @@ def _step_costs(step_ends: list[dict], every: int) -> dict[str, float]:
 def _fault_costs(events: list[dict]) -> tuple[list[float], list[int], int]:
     """Per injected fault, from its recovery window: the recovery (the fault to the restarted rank's first loop
     start: detect, restart and load, the replay left to the lost steps) and the steps lost; and how many fired."""
-    faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
-    recoveries, lost = [], []
-    for f in faults:
-        window = recovery_window(events, f)
-        if window is not None and window.first_step is not None:
-            recoveries.append(step_start(window.first_step) - f["t_mono"])
-        lost.append(window.lost_steps if window else f["step"])
-    return recoveries, lost, len(faults)
+    faults = fault_windows(events)
+    lost = [window.lost_steps if window else fault["step"] for fault, window in faults]
+    return recovery_seconds(faults), lost, len(faults)  # every recovery, interrupted or not
 
 
 def costs_of(m: dict[str, Any], recovery_s: float) -> RunCosts:

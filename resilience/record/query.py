@@ -152,6 +152,28 @@ def recovery_window(events: list[dict], fault: dict) -> RecoveryWindow | None:
                           first(later, "resumed"))
 
 
+def fault_windows(events: list[dict]) -> list[tuple[dict, RecoveryWindow | None]]:
+    """Every ``fault_injected`` record in time order with its recovery window (each record, not one per planned
+    point as ``injected`` keeps)."""
+    faults = sorted((e for e in events if e["kind"] == "fault_injected"), key=lambda e: e["t_mono"])
+    return [(fault, recovery_window(events, fault)) for fault in faults]
+
+
+def recovery_seconds(faults: list[tuple[dict, RecoveryWindow | None]], whole: bool = False) -> list[float]:
+    """The recovery of each of ``fault_windows``' faults after which a rank trained again, in seconds: the fault to
+    the restarted rank's first loop start (detect, restart and load; the replay is left to the lost steps).
+    ``whole``: only those that no later fault interrupted (the next fault comes after that start), the samples a
+    fitted R stands for; else every one, interrupted or not (the projection's measure of a run)."""
+    out = []
+    for (fault, window), after in zip(faults, [*(f for f, _ in faults[1:]), None]):
+        if window is None or window.first_step is None:
+            continue
+        end = step_start(window.first_step)
+        if not whole or after is None or after["t_mono"] > end:
+            out.append(end - fault["t_mono"])
+    return out
+
+
 JOB_RECORDS = ("job_lost", "job_resumed")  # what a resume writes about the jobs, not an event of the job that died
 
 
