@@ -355,7 +355,6 @@ def wall_seed(strategy: str, out: Path, i: int, seed: int, steps: int, mtbf: flo
     tag = "" if i == 0 else f"-seed{seed}"
     fitted, lags, stalls, strikes, offsets = fit(strategy, out, index, overrides, reuse, strike, tag)
     costs, lags = fitted_costs(fitted, lags, steps, mix)
-    stalls = {fault: own for fault, own in stalls.items() if own}  # none measured: each save's stall taken as C
     cycle = Cycle(costs, lags, stalls, lengths_after_stall(costs, strikes))
     # R/M sets the trace's shape (the share of failures that strike a recovery, e^(-R/M) of them training), and
     # R is a cold start on this host (~3 s on one VM, ~5 s on another): M as a multiple of R keeps the shape
@@ -412,7 +411,6 @@ def technique(strategy: str, out: Path, steps: int, mtbf: float, seed: int | lis
         plan = dict(sorted(draw("llama3", mtbf, seed, 1, steps, arrivals).items()))
         mix = {kind: sum(1 for f in plan.values() if f == kind) / max(len(plan), 1) for kind in RECOVERABLE}
         costs, lags = fitted_costs(fitted, lags, steps, mix)
-        stalls = {fault: own for fault, own in stalls.items() if own}
         cycle = Cycle(costs, lags, stalls)  # no step lengths measured here: each t_w
         trace = [f"fault.mtbf_steps={mtbf}", f"fault.strike={strike}"]
         seen = trace_run(strategy, out / strategy / "trace", steps, seed,

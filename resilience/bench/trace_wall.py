@@ -53,7 +53,8 @@ class Cycle:
         mean lag)."""
         stall, stalls = self.costs.stall_s, self.stalls.get(kind)
         measured = np.asarray(self.lags[kind], dtype=float)
-        own = np.full_like(measured, stall) if stalls is None else np.asarray(stalls, dtype=float)
+        # the one place for the docstring's rule: a kind whose fit runs measured no stall (absent, or an empty list)
+        own = np.full_like(measured, stall) if stalls is None or not len(stalls) else np.asarray(stalls, dtype=float)
         if own.size and own.mean() > 0:  # each save's share of the loop's C (a rank's own stall events differ by ms)
             own = own * stall / own.mean()
         return float(np.mean(np.clip(own + np.minimum(measured, 0.0), 0.0, own))) if len(measured) else stall
