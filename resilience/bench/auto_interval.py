@@ -32,7 +32,7 @@ from pathlib import Path
 
 from resilience.bench.experiment import run_afresh, write_table
 from resilience.record.events import read_events
-from resilience.record.query import stalls, step_start
+from resilience.record.query import plain_step_times, stalls, step_start
 
 # per workload: steps, the trace's MTBF in steps (~20 failures a run), the fixed intervals swept: a factor of 2
 # either side of the projection's optimum for the measured C and step (gpt_small ~0.24 s saves on ~0.45 s steps,
@@ -62,11 +62,8 @@ def window(run_dir: Path) -> dict:
     events = [e for e in read_events(run_dir) if e["rank"] == 0]
     ends = [e for e in events if e["kind"] == "step_end"]
     restarts = sum(step_start(b) - a["t_mono"] for a, b in zip(ends, ends[1:]) if b["attempt"] != a["attempt"])
-    saves = {(e["attempt"], e["step"]) for e in events if e["kind"] == "ckpt_begin"}
-    plain = [b["duration_s"] for a, b in zip(ends, ends[1:])
-             if b["attempt"] == a["attempt"] and (b["attempt"], b["step"]) not in saves]
     return {"window_s": ends[-1]["t_mono"] - step_start(ends[0]), "restarts_s": restarts,
-            "stalls_s": sum(s.seconds for s in stalls(events)), "plain_s": statistics.median(plain)}
+            "stalls_s": sum(s.seconds for s in stalls(events)), "plain_s": statistics.median(plain_step_times(events))}
 
 
 def measured(run_dir: Path, result: dict) -> dict:

@@ -79,6 +79,15 @@ def productive_step_times(events: list[dict]) -> dict[int, float]:
     return last
 
 
+def plain_step_times(events: list[dict]) -> list[float]:
+    """The times of the steps among ``events`` (one rank's) that neither follow a restart (nor start the run) nor
+    carry a save (a ``ckpt_begin`` of their attempt and step): what an interval's steps cost without either."""
+    ends = [e for e in events if e["kind"] == "step_end"]
+    saves = {(e["attempt"], e["step"]) for e in events if e["kind"] == "ckpt_begin"}
+    return [b["duration_s"] for a, b in zip(ends, ends[1:])
+            if b["attempt"] == a["attempt"] and (b["attempt"], b["step"]) not in saves]
+
+
 def loads(events: list[dict], attempt: int | None = None, since: float | None = None) -> list[dict]:
     """The timed ``ckpt_loaded`` events (of ``attempt``; at or after ``since`` on the monotonic clock)."""
     return [e for e in events if e["kind"] == "ckpt_loaded" and e.get("duration_s") is not None
