@@ -121,7 +121,8 @@ LONG: dict[str, str] = {
         "CI keeps test_pool's cold fault-free run, held to the session's reference",
     "tests/test_faults.py::test_fault_scenario[hang-sigstop]": "CI keeps hang-stall",
     "tests/test_faults.py::test_fault_scenario[torn_write]":
-        "CI keeps the disk fault's slow and ENOSPC modes and a damaged checkpoint rejected (tests/test_rejected_load.py)",
+        "CI keeps the disk fault's slow and ENOSPC modes and a damaged checkpoint rejected "
+        "(tests/test_rejected_load.py)",
     # sync's rank 1 SIGKILLed before the forward pass: CI keeps test_pool's SIGKILL run (tests/test_pool.py), which
     # checks the same verdict, blame and survivor exit
     "tests/test_faults.py::test_fault_scenario[kill]": "CI keeps test_pool's SIGKILL run",
