@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,79 @@ def test_the_strategies_room_holds_the_options_and_their_bases_alone():
     option_modules = {t.rsplit(".", 1)[0].rpartition(".")[2] for t in targets}
     modules = {p.stem for p in (ROOT / "resilience" / "strategies").glob("*.py")} - {"__init__"}
     assert modules - STRATEGY_BASES == option_modules
+
+
+# What a supervisor imports to validate a run and start its ranks: the command, the roles, the supervisors.
+SUPERVISOR = ("resilience.__main__", "resilience.roles", "resilience.supervise.elastic",
+              "resilience.supervise.replacing", "resilience.supervise.torchrun", "resilience.supervise.ft_launcher")
+DCP = "torch.distributed.checkpoint"
+# dcp_async's library is DCP itself: its supervisor imports it to check it is installed (PeerStrategy.check_host)
+DCP_IN_SUPERVISOR = {"resilience.strategies.dcp_async"}
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+@functools.cache
+def imports_on_import(path: Path) -> tuple[str, ...]:
+    """The names a module imports as it is imported: its top-level statements' (within their ``if``/``try``
+    blocks too), not its functions' nor an ``if TYPE_CHECKING`` block's."""
+    names: list[str] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                names.extend(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.extend([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+            elif isinstance(node, ast.If) and not _type_checking(node.test):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    walk(block)
+
+    walk(ast.parse(path.read_text()).body)
+    return tuple(names)
+
+
+def outside_imports(roots: list[str], modules: dict[str, Path]) -> set[str]:
+    """The names outside the project that importing ``roots`` imports through the project's own modules (what
+    those outside packages import in turn is not followed)."""
+    seen: set[str] = set()
+    todo, outside = list(roots), set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo.extend(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in modules)  # its packages
+        for name in imports_on_import(modules[module]):
+            found = name
+            while found and found not in modules:
+                found = found.rpartition(".")[0]
+            if found:
+                todo.append(found)
+            else:
+                outside.add(name)
+    return outside
+
+
+def role_modules() -> list[str]:
+    """The modules of our classes that options in conf/ name (``_target_``)."""
+    targets = {m.group(1) for p in CONF_DIR.rglob("*.yaml")
+               for m in re.finditer(r"^\s*_target_:\s*(\S+)", p.read_text(), re.MULTILINE)}
+    return sorted({t.rpartition(".")[0] for t in targets if t.startswith(("resilience.", "injectors."))})
+
+
+def test_the_supervisor_validates_every_role_without_importing_dcp():
+    """The supervisor builds a run's roles to validate it: DCP (~0.4 s of its start) is the ranks', imported where
+    they use it (``resilience.ckpt.dcp_files``, ``injectors.faulty_fs``), never at the top of a module that building
+    a role imports. Static: our modules' top-level imports (torch's own are not followed)."""
+    modules = project_modules()
+    with_dcp = {m for m in role_modules()
+                if any(n == DCP or n.startswith(DCP + ".") for n in outside_imports([*SUPERVISOR, m], modules))}
+    assert with_dcp == DCP_IN_SUPERVISOR

@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 RANK0 = "unsharded_on_rank0"
 TWINS = "twin_shards_apart"
+# dlrover_sharded.py's patch, named here: dlrover_flash names it without importing DCP (which dlrover_sharded does)
+RANK_IN_CONFIG = "rank_in_shard_config"
 
 
 def has_twins(tensors: Iterable[Any]) -> bool:

@@ -31,10 +31,9 @@ import torch.distributed.checkpoint as dcp
 
 from resilience.ckpt.snapshot import local_part
 from resilience.state.train import TrainState, map_tensors, state_crc32, tensor_bytes
-from resilience.libs.dlrover_layout import engine_view, write_back
+from resilience.libs.dlrover_layout import RANK_IN_CONFIG, engine_view, write_back
 
 STAGE_DIR = "._dlrover_ckpt_stage"  # the saver's ``<step>.done`` directory, removed once every shard is written
-RANK_IN_CONFIG = "rank_in_shard_config"
 
 
 class ShardedFlash:

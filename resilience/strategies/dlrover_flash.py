@@ -58,8 +58,7 @@ from resilience.runtime.rank import NodeMemory, RankRuntime
 from resilience.state.train import TrainState, map_tensors, state_crc32, tensor_bytes
 from resilience.strategies.background import BackgroundCheckpoint
 from resilience.libs.dlrover_agent import AGENT_ROLE, POLL_S, AgentSaver
-from resilience.libs.dlrover_layout import RANK0, TWINS, has_twins
-from resilience.libs.dlrover_sharded import RANK_IN_CONFIG, ShardedFlash
+from resilience.libs.dlrover_layout import RANK0, RANK_IN_CONFIG, TWINS, has_twins
 from resilience.libs.peer import Patch, PeerLibrary, PeerStrategy
 from resilience.libs.worker_notice import start_outliving_notice
 from resilience.workloads.base import Workload
@@ -179,6 +178,9 @@ class DlroverFlashCheckpoint(PeerStrategy, BackgroundCheckpoint):
         self.storage_type = lib.StorageType
         ENGINE_INTERNALS.acted(self.rt.events)  # loads, node-loss wipes and close go through them from here
         if sharded:
+            # imported where used: the supervisor's start (it builds this class) does not pay DCP's ~0.4 s
+            from resilience.libs.dlrover_sharded import ShardedFlash
+
             self.sharded = ShardedFlash(self.rt.ckpt_dir, self.timeout_s, {p.name for p in self.applied})
         else:
             self.checkpointer = lib.DdpCheckpointer(str(self.rt.ckpt_dir), comm_backend="gloo")

@@ -40,7 +40,6 @@ from resilience.state.train import TrainState
 from resilience.strategies.background import BackgroundCheckpoint, commit_checkpoint
 from resilience.strategies.nvrx_async import WORKER_OUTLIVES_NOTICE, NvrxAsyncCheckpoint
 from resilience.libs.peer import Patch, PeerStrategy
-from resilience.ckpt.dcp_files import WRITE_THREADS
 
 
 def _module(name: str):
@@ -91,6 +90,9 @@ class NvrxAsyncDcpCheckpoint(PeerStrategy, BackgroundCheckpoint):
     def attach(self, rt: RankRuntime) -> None:
         super().attach(rt)
         self.library.load()
+        # imported where used: the supervisor, which builds this class to validate a run, does not pay DCP's ~0.4 s
+        from resilience.ckpt.dcp_files import WRITE_THREADS
+
         applied = self.applied_patches()
         self._in_force = {p.name for p in applied}
         self.declare(applied, writer="FileSystemWriterAsync", persistent_worker=True, thread_count=WRITE_THREADS)
@@ -104,6 +106,8 @@ class NvrxAsyncDcpCheckpoint(PeerStrategy, BackgroundCheckpoint):
         return partial(staged_preload, writer.write_buckets, blocking, copy)
 
     def _start(self, step: int, state: TrainState) -> Future:
+        from resilience.ckpt.dcp_files import WRITE_THREADS  # on a rank only, as in attach
+
         rt, saver = self.rt, _module("state_dict_saver")
         if rt.rank == 0:
             self.dirs.prepare(step)
