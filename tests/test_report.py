@@ -79,22 +79,31 @@ def _render(summary: pd.DataFrame, out: Path, limits: dict, projection: Path | N
     return render(summary, out / "index.html", info, limits, env, projection, chaos).read_text()
 
 
-def _rendered_once(root: Path, limits: dict, chaos: Path) -> tuple[str, Path]:
+def _rendered_once(root: Path, limits: dict, chaos: Path, probe: list[str] | None = None) -> tuple[str, Path]:
+    """The fixture runs' report in ``root/report``; ``probe``: the snapshot each cell ran under, in summary order."""
     shutil.copytree(FIXTURES / "runs", root / "runs")
     summary = summarize(load_matrix(str(FIXTURES / "matrix.yaml")), sorted((root / "runs").glob("*/done.json")))
+    if probe is not None:
+        summary = summary.assign(probe=probe)
     return _render(summary, root / "report", limits, chaos=chaos), root / "report"
 
 
 CHAOS_TABLE = "| strategy | crash points | PASS | HARD_FAIL |\n|---|---|---|---|\n| sync | 8 | 8 | 0 |\n"
 
 
+# Where and when ``LIMITS`` were measured, as a pipeline's limits.json says (reports/limits.py), and the snapshot
+# each of the 6 fixture cells ran under: the first under another one.
+WHERE = {"host": "node7", "dir": "/scratch/rb/probe/S1", "measured_at": 1.7e9, "snapshot": "S1"}
+PROBES = ["S0"] + ["S1"] * 5
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[str, Path]:
-    """The fixture runs' report with ``LIMITS`` and no projection, rendered once (1-2 s a rendering) for the tests
-    that only read it: its HTML and its folder. Its ckpt-chaos table is named, as the pipeline names it, where the
-    bench has not written one."""
+    """The fixture runs' report with ``LIMITS`` (and where and when they were measured: ``WHERE``, ``PROBES``) and no
+    projection, rendered once (1-2 s a rendering) for the tests that only read it: its HTML and its folder. Its
+    ckpt-chaos table is named, as the pipeline names it, where the bench has not written one."""
     root = tmp_path_factory.mktemp("report")
-    return _rendered_once(root, LIMITS, root / "missing.md")
+    return _rendered_once(root, {**LIMITS, **WHERE}, root / "missing.md", PROBES)
 
 
 @pytest.fixture(scope="module")
@@ -263,14 +272,11 @@ def test_a_cell_records_the_snapshot_of_its_pipeline_run(monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_report_says_where_and_when_the_limits_were_measured(summary, tmp_path):
-    limits = {**LIMITS, "host": "node7", "dir": "/scratch/rb/probe/S1", "measured_at": 1.7e9, "snapshot": "S1"}
-    summary = summary.assign(probe="S1")
-    summary.loc[summary.index[0], "probe"] = "S0"
-    html = _render(summary, tmp_path / "report", limits)
+def test_report_says_where_and_when_the_limits_were_measured(report):
+    html, folder = report  # limits of host node7's snapshot S1; the first cell ran under S0
     assert "Limits measured on node7 in /scratch/rb/probe/S1 at " in html and "(probe snapshot S1)" in html
     assert "1 of 6 finished cells ran under another snapshot (S0)" in html
-    env = pd.read_csv(tmp_path / "report" / "environment.csv")
+    env = pd.read_csv(folder / "environment.csv")
     assert "snapshot" in set(env["key"]) and "(median of the runs" not in html
 
 
