@@ -18,8 +18,14 @@ def spawn(fn, world: int, *args) -> None:
 
     One spawned process (nothing of the test process's threads or process groups) imports torch and ``fn``'s module,
     then forks the ranks: the imports once, not once a rank (1.5-2 s each, 2 to 4 ranks a test on 2 cores)."""
-    store = Path(args[0]) / f"store{world}"
-    helper = mp.get_context("spawn").Process(target=_fork_ranks, args=(fn, world, str(store), *args))
+    spawn_worlds([(fn, world)], *args)
+
+
+def spawn_worlds(worlds: list[tuple], *args, preload: tuple[str, ...] = ()) -> None:
+    """``spawn`` of each ``(fn, world)`` in turn, every world forked from the same spawned process: its imports (and
+    the ``preload`` modules, which the ranks would each import on 2 cores) once for all of them; fails at the first
+    world with a failed rank, and runs no world after it."""
+    helper = mp.get_context("spawn").Process(target=_fork_worlds, args=(list(worlds), preload, *args))
     helper.start()
     try:
         helper.join()
@@ -29,9 +35,15 @@ def spawn(fn, world: int, *args) -> None:
     assert helper.exitcode == 0, f"a rank failed (exit {helper.exitcode}: its traceback is above)"
 
 
-def _fork_ranks(fn, world: int, store: str, *args) -> None:
+def _fork_worlds(worlds: list[tuple], preload: tuple[str, ...], *args) -> None:
+    import importlib
+
     os.setsid()  # the ranks inherit this group: spawn() ends them all with one signal
-    mp.start_processes(fn, args=(world, store, *args), nprocs=world, start_method="fork", join=True)
+    for module in preload:  # imports only, as a zygote's (resilience/proc/zygote.py): no thread, no process group
+        importlib.import_module(module)
+    for fn, world in worlds:  # one store per world size: a world's file store is never one an earlier world used
+        store = str(Path(args[0]) / f"store{world}")
+        mp.start_processes(fn, args=(world, store, *args), nprocs=world, start_method="fork", join=True)
 
 
 def _kill_group(helper) -> None:
@@ -80,6 +92,12 @@ def _sharded_state(world: int, tmp: str, steps: int):
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
     return state
+
+
+# What save_rank and load_rank import (check_snapshots' modules too), for a helper to import before it forks them.
+SAVE_LOAD_IMPORTS = ("torch.distributed.checkpoint", "torch.distributed.tensor", "resilience.parallel.fsdp",
+                     "resilience.state.train", "resilience.workloads.gpt", "resilience.ckpt.codec",
+                     "resilience.ckpt.snapshot", "resilience.ckpt.dcp_files")
 
 
 def save_rank(rank: int, world: int, store: str, tmp: str) -> None:

@@ -72,20 +72,47 @@ def test_aggregate_command_writes_the_csv(runs, tmp_path):
     assert not list(tmp_path.glob(".summary.csv.tmp*"))  # written atomically: no temp file left
 
 
-def _render(summary: pd.DataFrame, out: Path, limits: dict, projection: Path | None = None) -> str:
+def _render(summary: pd.DataFrame, out: Path, limits: dict, projection: Path | None = None,
+            chaos: Path | None = None) -> str:
     info = {"name": "fixture", "source": "tests/fixtures/matrix.yaml", "description": "fixture runs"}
     env = {"cpu_model": "test CPU", "torch_version": "2.13.0+cpu"}
-    return render(summary, out / "index.html", info, limits, env, projection).read_text()
+    return render(summary, out / "index.html", info, limits, env, projection, chaos).read_text()
+
+
+def _rendered_once(root: Path, limits: dict, chaos: Path, probe: list[str] | None = None) -> tuple[str, Path]:
+    """The fixture runs' report in ``root/report``; ``probe``: the snapshot each cell ran under, in summary order."""
+    shutil.copytree(FIXTURES / "runs", root / "runs")
+    summary = summarize(load_matrix(str(FIXTURES / "matrix.yaml")), sorted((root / "runs").glob("*/done.json")))
+    if probe is not None:
+        summary = summary.assign(probe=probe)
+    return _render(summary, root / "report", limits, chaos=chaos), root / "report"
+
+
+CHAOS_TABLE = "| strategy | crash points | PASS | HARD_FAIL |\n|---|---|---|---|\n| sync | 8 | 8 | 0 |\n"
+
+
+# Where and when ``LIMITS`` were measured, as a pipeline's limits.json says (reports/limits.py), and the snapshot
+# each of the 6 fixture cells ran under: the first under another one.
+WHERE = {"host": "node7", "dir": "/scratch/rb/probe/S1", "measured_at": 1.7e9, "snapshot": "S1"}
+PROBES = ["S0"] + ["S1"] * 5
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[str, Path]:
-    """The fixture runs' report with ``LIMITS`` and no projection, rendered once (1-2 s a rendering) for the tests
-    that only read it: its HTML and its folder."""
+    """The fixture runs' report with ``LIMITS`` (and where and when they were measured: ``WHERE``, ``PROBES``) and no
+    projection, rendered once (1-2 s a rendering) for the tests that only read it: its HTML and its folder. Its
+    ckpt-chaos table is named, as the pipeline names it, where the bench has not written one."""
     root = tmp_path_factory.mktemp("report")
-    shutil.copytree(FIXTURES / "runs", root / "runs")
-    summary = summarize(load_matrix(str(FIXTURES / "matrix.yaml")), sorted((root / "runs").glob("*/done.json")))
-    return _render(summary, root / "report", LIMITS), root / "report"
+    return _rendered_once(root, {**LIMITS, **WHERE}, root / "missing.md", PROBES)
+
+
+@pytest.fixture(scope="module")
+def unprobed(tmp_path_factory) -> str:
+    """The fixture runs' report with no limits probed and no projection, beside a ckpt-chaos table the bench wrote,
+    rendered once for the tests that read it (each reads its own sections): its HTML."""
+    root = tmp_path_factory.mktemp("unprobed")
+    (root / "chaos.md").write_text(CHAOS_TABLE)
+    return _rendered_once(root, {"probed": False, "reason": "no probe"}, root / "chaos.md")[0]
 
 
 @pytest.mark.timeout(120)
@@ -130,8 +157,8 @@ def test_report_shows_failures_limits_ratios_and_methods(report):
 
 
 @pytest.mark.timeout(120)
-def test_report_without_limits_or_projection_says_so(summary, tmp_path):
-    html = _render(summary, tmp_path / "report", {"probed": False, "reason": "no probe"})
+def test_report_without_limits_or_projection_says_so(unprobed):
+    html = unprobed
     assert html.count("not probed") >= 4
     assert "disk bandwidth not probed" in html
     assert "Not run." in html
@@ -245,14 +272,11 @@ def test_a_cell_records_the_snapshot_of_its_pipeline_run(monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_report_says_where_and_when_the_limits_were_measured(summary, tmp_path):
-    limits = {**LIMITS, "host": "node7", "dir": "/scratch/rb/probe/S1", "measured_at": 1.7e9, "snapshot": "S1"}
-    summary = summary.assign(probe="S1")
-    summary.loc[summary.index[0], "probe"] = "S0"
-    html = _render(summary, tmp_path / "report", limits)
+def test_report_says_where_and_when_the_limits_were_measured(report):
+    html, folder = report  # limits of host node7's snapshot S1; the first cell ran under S0
     assert "Limits measured on node7 in /scratch/rb/probe/S1 at " in html and "(probe snapshot S1)" in html
     assert "1 of 6 finished cells ran under another snapshot (S0)" in html
-    env = pd.read_csv(tmp_path / "report" / "environment.csv")
+    env = pd.read_csv(folder / "environment.csv")
     assert "snapshot" in set(env["key"]) and "(median of the runs" not in html
 
 
@@ -330,15 +354,12 @@ def test_a_scenario_that_is_none_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: scenario=nope: must be one of")
 
 
-def test_the_ckpt_chaos_table_is_in_the_report_when_the_bench_wrote_it(summary, tmp_path):
-    chaos = tmp_path / "chaos.md"
-    chaos.write_text("| strategy | crash points | PASS | HARD_FAIL |\n|---|---|---|---|\n| sync | 8 | 8 | 0 |\n")
-    html = (render(summary, tmp_path / "r1" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
-                   {}, None, chaos)).read_text()
+def test_the_ckpt_chaos_table_is_in_the_report_when_the_bench_wrote_it(unprobed, report):
+    """Both reports rendered once for the module (``unprobed``: the bench wrote the table; ``report``: it did not)."""
+    html = unprobed
     section = html[html.index('<section id="chaos"'):]
     body = section[:section.index("</section>")]
     assert "HARD_FAIL" in body and ">sync<" in body.replace(" ", "") and "Not run" not in body
-    html = render(summary, tmp_path / "r2" / "index.html", {"name": "t", "source": "-", "description": ""}, LIMITS,
-                  {}, None, tmp_path / "missing.md").read_text()
+    html = report[0]
     assert "Not run for this report" in html and "python -m resilience.bench.chaos" in html
     assert 'id="trace"' in html and "make trace" in html  # the failure trace's section, not run either
