@@ -8,7 +8,7 @@ failures a run, so that the lost work is not a few failures' luck either (its sp
 2/sqrt(12 K) of it: 13% at K = 20).
 
     python -m resilience.bench.auto_interval [--workloads gpt_small,dlrm_emb] [--repeats 2] [--steps N]
-                                             [--mtbf-steps M] [--sweep 2,4,8] [OVERRIDE ...]
+                                             [--mtbf-steps M] [--sweep 2,4,8] [--reuse] [OVERRIDE ...]
 
 The measure is the waste: the training window (rank 0's first step start to its last step end) less the plain
 steps (steps x the run's own plain step) and less the restarts (the last step before a failure to the first after
@@ -25,12 +25,13 @@ the best fixed interval's. Prints a Markdown table (waste, its parts, auto's cho
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from resilience.bench.experiment import run_afresh, write_table
+from resilience.bench.experiment import run_or_reuse, write_table
 from resilience.record.events import read_events
 from resilience.record.query import plain_step_times, stalls, step_start
 
@@ -74,7 +75,8 @@ def measured(run_dir: Path, result: dict) -> dict:
             "intervals": [c["interval"] for c in result.get("checkpoint_intervals") or []]}
 
 
-def bench(workload: str, repeats: int, seed: int, out: Path, extra: list[str]) -> tuple[list[dict], str]:
+def bench(workload: str, repeats: int, seed: int, out: Path, extra: list[str],
+          reuse: bool = False) -> tuple[list[dict], str]:
     plan = PLANS[workload]
     index = f"reference.index={(out / 'references').resolve()}"
     rows = []
@@ -82,8 +84,11 @@ def bench(workload: str, repeats: int, seed: int, out: Path, extra: list[str]) -
         for name, settings in configurations(plan).items():
             run_dir = out / workload / f"{name.replace('=', '')}_r{r}"
             trace = ["fault=trace", f"fault.mtbf_steps={plan['mtbf_steps']}", f"fault.seed={TRACE_SEED + r}"]
-            result, code = run_afresh(run_dir, [*common(workload, plan, seed), *settings, *trace,
-                                                "reference.check=run", index, *extra], timeout_s=TIMEOUT_S)
+            result, code = run_or_reuse(run_dir, [*common(workload, plan, seed), *settings, *trace,
+                                                  "reference.check=run", index, *extra], reuse, TIMEOUT_S)
+            # the measure reads the events and the result alone; a dlrm_emb run keeps 2.2 GB of checkpoints, and
+            # twelve runs' filled this VM's disk mid-bench (2026-11-28)
+            shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
             if result is None or result["status"] != "ok":
                 raise RuntimeError(f"{workload} {name} repeat {r}: exit {code}, {result and result['status']}")
             row = {"workload": workload, "config": name, "repeat": r, **measured(run_dir, result)}
@@ -128,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="instead of the plan's (a quick check)")
     ap.add_argument("--mtbf-steps", type=float, help="instead of the plan's")
     ap.add_argument("--sweep", help="comma-separated fixed intervals, instead of the plan's")
+    ap.add_argument("--reuse", action="store_true",
+                    help="measure a finished run's result again instead of running it (a bench that stopped goes on)")
     ap.add_argument("overrides", nargs="*", help="settings for every run (key=value)")
     args = ap.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                      if v})
     started, rows, verdicts = time.monotonic(), [], []
     for workload in workloads:
-        got, said = bench(workload, args.repeats, args.seed, args.out, args.overrides)
+        got, said = bench(workload, args.repeats, args.seed, args.out, args.overrides, args.reuse)
         rows += got
         verdicts.append(said)
         write_table(args.out / "auto_interval.md", table(rows, verdicts), started)

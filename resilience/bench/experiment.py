@@ -35,6 +35,15 @@ def run_afresh(run_dir: Path, overrides: list[str], timeout_s: float = 900) -> t
     return (json.loads(result.read_text()) if result.exists() else None), done.returncode
 
 
+def run_or_reuse(run_dir: Path, overrides: list[str], reuse: bool, timeout_s: float = 900) -> tuple[dict | None, int]:
+    """``run_afresh``, or with ``reuse`` the result a finished run in ``run_dir`` holds (to score it again, or to go
+    on with a bench that stopped): a run that wrote no result, or one that failed, runs again from nothing."""
+    result = Path(run_dir) / "result.json"
+    if reuse and result.exists() and (found := json.loads(result.read_text())).get("status") == "ok":
+        return found, 0
+    return run_afresh(run_dir, overrides, timeout_s=timeout_s)
+
+
 def write_table(path: Path, text: str, started: float) -> None:
     """A bench's Markdown table: written (atomically), printed, and where it went with the bench's time."""
     atomic_write_bytes(path, (text + "\n").encode())

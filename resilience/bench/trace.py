@@ -69,7 +69,7 @@ import yaml
 from injectors.trace import ARRIVAL_DRAWS, BLOCK, CLOCKS, MIXES, STRIKES, draw, strike_fraction
 from resilience.bench import lineup
 from resilience.bench.trace_wall import ARRIVALS, NOMINAL, Cycle, predict_wall
-from resilience.bench.experiment import run_afresh, write_table
+from resilience.bench.experiment import run_or_reuse, write_table
 from resilience.projection.goodput import predicted_goodput
 from resilience.projection.run_model import RunCosts, lost_steps_at, measure, predicted_wall_s, step_start
 from resilience.record.events import read_events
@@ -264,9 +264,9 @@ def trace_run(strategy: str, trace_dir: Path, steps: int, seed: int, settings: l
               reuse: bool) -> dict[str, float]:
     """One trace run of ``strategy`` in ``trace_dir`` (the first seed's ``trace``, the others' ``trace-seed<N>``),
     checked bit for bit against the fault-free reference, and what it measured."""
-    result, code = run(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
-                                   f"fault.rank={FAULT_RANK}", f"fault.seed={seed}", *settings,
-                                   "reference.check=run"], reuse)
+    result, code = run_or_reuse(trace_dir, [f"strategy={strategy}", *common(steps, 0), "fault=trace",
+                                            f"fault.rank={FAULT_RANK}", f"fault.seed={seed}", *settings,
+                                            "reference.check=run"], reuse, TIMEOUT_S)
     if result is None or result["status"] != "ok":
         raise RuntimeError(f"{strategy} trace run {trace_dir}: exit {code}, {result and result['status']}")
     if (drawn := drawn_arrivals(trace_dir)) != arrivals:  # --reuse of a run drawn otherwise: predicted as drawn
@@ -310,13 +310,6 @@ def whole_recoveries_s(run_dir: Path) -> float:
     return float(np.mean(whole)) if whole else math.nan
 
 
-def run(run_dir: Path, overrides: list[str], reuse: bool) -> tuple[dict | None, int]:
-    """Run in an emptied ``run_dir``, or with ``reuse`` read the result a finished one holds (to score again)."""
-    if reuse and (run_dir / "result.json").exists():
-        return json.loads((run_dir / "result.json").read_text()), 0
-    return run_afresh(run_dir, overrides, timeout_s=TIMEOUT_S)
-
-
 def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
         strike: str = "anywhere", tag: str = "") -> tuple[dict, dict, dict, dict, list]:
     """The fit runs of ``strategy`` (``fit_runs``): their measures; from the fault-free run, every lag per failure
@@ -327,7 +320,7 @@ def fit(strategy: str, out: Path, index: str, overrides: list[str], reuse: bool,
     lags, stalls = {fault: [] for fault in RECOVERABLE}, {fault: [] for fault in RECOVERABLE}
     for name, settings in fit_runs(strategy, strike).items():
         run_dir = out / strategy / f"{name}{tag}"
-        result, code = run(run_dir, [*settings, index, *overrides], reuse)
+        result, code = run_or_reuse(run_dir, [*settings, index, *overrides], reuse, TIMEOUT_S)
         if result is None or result["status"] != "ok":
             raise RuntimeError(f"{strategy} fit run {name}: exit {code}, {result and result['status']}")
         fitted[name] = measure(run_dir)
