@@ -160,3 +160,23 @@ def test_a_summary_with_auto_beside_fixed_intervals_is_written(tmp_path):
     csv, parquet = write(frame, tmp_path / "summary.csv")  # Parquet holds one type per column
     back = pd.read_parquet(parquet)
     assert list(back["cell.checkpoint.every"]) == ["4", "auto"] and csv.exists()
+
+
+def test_a_stopped_bench_goes_on_from_its_finished_runs_and_runs_the_others_again(tmp_path, monkeypatch):
+    """``--reuse`` (bench.auto_interval, bench.trace): a run that finished ok is measured from its result; one that
+    failed or wrote none (cut by a full disk, 2026-11-28) runs again from nothing."""
+    from resilience.bench import experiment
+
+    ran = []
+    monkeypatch.setattr(experiment, "run_afresh", lambda run_dir, overrides, timeout_s: (ran.append(run_dir.name),
+                                                                                         ({"status": "ok"}, 0))[1])
+    for name, status in (("finished", "ok"), ("failed", "failed")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(f'{{"status": "{status}", "steps": 7}}')
+    (tmp_path / "cut").mkdir()
+    assert experiment.run_or_reuse(tmp_path / "finished", [], reuse=True) == ({"status": "ok", "steps": 7}, 0)
+    assert ran == []
+    for name in ("failed", "cut"):
+        assert experiment.run_or_reuse(tmp_path / name, [], reuse=True) == ({"status": "ok"}, 0)
+    experiment.run_or_reuse(tmp_path / "finished", [], reuse=False)
+    assert ran == ["failed", "cut", "finished"]
