@@ -168,8 +168,12 @@ def test_a_stopped_bench_goes_on_from_its_finished_runs_and_runs_the_others_agai
     from resilience.bench import experiment
 
     ran = []
-    monkeypatch.setattr(experiment, "run_afresh", lambda run_dir, overrides, timeout_s: (ran.append(run_dir.name),
-                                                                                         ({"status": "ok"}, 0))[1])
+
+    def run_afresh(run_dir, overrides, timeout_s):
+        ran.append(run_dir.name)
+        return {"status": "ok"}, 0
+
+    monkeypatch.setattr(experiment, "run_afresh", run_afresh)
     for name, status in (("finished", "ok"), ("failed", "failed")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "result.json").write_text(f'{{"status": "{status}", "steps": 7}}')
