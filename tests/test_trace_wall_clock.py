@@ -272,7 +272,7 @@ def test_each_trace_seed_is_fitted_just_before_its_own_trace_and_predicted_from_
 def test_the_save_cycle_is_fitted_on_the_steady_run_and_the_strike_phase_on_the_struck_ones(tmp_path, monkeypatch):
     # a restart-heavy fit run's saves are mostly an attempt's first, slower to be recoverable: not the trace's cycle
     slow = {"fault_free": 0.01, "kill": 0.05, "node_loss": 0.07}
-    monkeypatch.setattr(bench, "run", lambda run_dir, overrides, reuse: ({"status": "ok"}, 0))
+    monkeypatch.setattr(bench, "run_or_reuse", lambda run_dir, overrides, reuse, timeout_s: ({"status": "ok"}, 0))
     monkeypatch.setattr(bench, "measure", lambda run_dir: {"run": run_dir.name})
     monkeypatch.setattr(bench, "lags_after_stall", lambda run_dir, fault: [(0.02, slow[run_dir.name])])
     monkeypatch.setattr(bench, "strike_times",
