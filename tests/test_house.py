@@ -56,18 +56,27 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules ``path`` imports, anywhere in the file (function-level imports count too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
-        for name in names:
-            while name and name not in modules:
-                name = name.rpartition(".")[0]
-            if name:
-                found.add(name)
+        for name in import_names(node):
+            if owner := project_owner(name, modules):
+                found.add(owner)
                 break
     return found
+
+
+def import_names(node: ast.AST) -> list[str]:
+    """The dotted names an import statement imports, the most specific first (``a.b.c`` before ``a.b``)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+    return []
+
+
+def project_owner(name: str, modules: dict[str, Path]) -> str:
+    """The project module ``name`` lies in (itself or its nearest package), or '' for a name from outside."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name
 
 
 def floor_of(module: str) -> int:
@@ -204,11 +213,8 @@ def imports_on_import(path: Path) -> tuple[str, ...]:
 
     def walk(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.Import):
-                names.extend(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.extend([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
-            elif isinstance(node, ast.If) and not _type_checking(node.test):
+            names.extend(import_names(node))
+            if isinstance(node, ast.If) and not _type_checking(node.test):
                 walk(node.body)
                 walk(node.orelse)
             elif isinstance(node, ast.Try):
@@ -232,10 +238,7 @@ def outside_imports(roots: list[str], modules: dict[str, Path]) -> set[str]:
         parts = module.split(".")
         todo.extend(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in modules)  # its packages
         for name in imports_on_import(modules[module]):
-            found = name
-            while found and found not in modules:
-                found = found.rpartition(".")[0]
-            if found:
+            if found := project_owner(name, modules):
                 todo.append(found)
             else:
                 outside.add(name)
